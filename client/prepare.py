@@ -1,0 +1,172 @@
+"""``eagle3 prepare``: conversations -> token ids + assistant loss mask, streamed to disk.
+
+Data flow: ``conversations.iter_rows`` (one raw row at a time) -> ``parse_row`` (normalized
+messages) -> ``ChatTokenizer.tokenize`` (render-boundary mask) -> length policy -> one line of
+``samples.jsonl``. Memory stays flat however large the input is.
+
+Errors: a malformed row (bad JSON, unknown shape, a template that rejects it) is named by file and
+line; ``on_error="fail"`` stops at the first one, ``"skip"`` counts it and goes on. Template
+problems (no chat template, not prefix-stable, no assistant tokens) and out-of-range token ids are
+always fatal: they would corrupt every sample, not one. The output appears under its final name
+only when the run completes; a crash leaves ``samples.jsonl.partial`` with what was written.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from client.conversations import RowError, iter_rows, parse_row
+from client.masking import ChatTokenizer
+from client.prepare_stats import PrepareStats
+from client.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
+from eagle3.models import DEFAULT_MODEL, resolve_model_dir
+
+logger = logging.getLogger(__name__)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+class PrepareError(RuntimeError):
+    """prepare cannot go on: a malformed row under on_error=fail, a bad token id, a full disk."""
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    max_length: int | None = None  # tokens; None: the verifier's max_position_embeddings
+    overlong: Literal["drop", "truncate"] = "drop"  # what to do with a sample over max_length
+    limit: int | None = None  # read at most this many input rows
+    on_error: Literal["skip", "fail"] = "fail"  # malformed rows
+    chat_template: str | None = None  # jinja text overriding the tokenizer's template
+    split: str = "train"  # for a saved DatasetDict
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.overlong not in ("drop", "truncate"):
+            raise ValueError(f"overlong must be 'drop' or 'truncate', got {self.overlong!r}")
+        if self.on_error not in ("skip", "fail"):
+            raise ValueError(f"on_error must be 'skip' or 'fail', got {self.on_error!r}")
+
+
+def model_config(model_dir: Path) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+    return dict(config.get("text_config") or config)
+
+
+def tokenizer_sha256(model_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        path = model_dir / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def prepare_dataset(
+    source: str,
+    out_dir: str | Path,
+    *,
+    model: str = DEFAULT_MODEL,
+    config: PrepareConfig | None = None,
+    tokenizer: Any = None,
+) -> PrepareStats:
+    """Prepare ``source`` into ``out_dir`` (see the module docstring); returns the stats."""
+    config = config or PrepareConfig()
+    out = Path(out_dir)
+    if (out / SAMPLES_FILE).exists() and not config.overwrite:
+        raise PrepareError(f"{out / SAMPLES_FILE} already exists; pass --overwrite to replace it")
+    model_dir = resolve_model_dir(model)
+    cfg = model_config(model_dir)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+    vocab_size = int(cfg.get("vocab_size") or len(tokenizer))
+    context = int(cfg.get("max_position_embeddings") or 0) or None
+    max_length = min(x for x in (config.max_length, context) if x is not None) if (config.max_length or context) else None
+    if max_length is None:
+        raise PrepareError("the model config has no max_position_embeddings; pass --max-length")
+    if config.max_length and context and config.max_length > context:
+        logger.warning("--max-length %d exceeds the model context %d; using %d", config.max_length, context, context)
+    chat = ChatTokenizer(tokenizer, config.chat_template)
+
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / (SAMPLES_FILE + ".partial")
+    stats = PrepareStats()
+    try:
+        with open(partial, "w", encoding="utf-8") as fh:
+            for raw in iter_rows(source, split=config.split):
+                if config.limit is not None and stats.rows_read >= config.limit:
+                    break
+                stats.rows_read += 1
+                sample = _prepare_row(raw, chat, config, stats, max_length, vocab_size)
+                if sample is not None:
+                    fh.write(sample.to_json() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        if stats.kept == 0:
+            raise PrepareError(f"no sample was kept from {source} ({stats.format_text().strip()})")
+        meta = PreparedMeta(
+            model=model, model_dir=str(model_dir), tokenizer_sha256=tokenizer_sha256(model_dir),
+            chat_template_sha256=hashlib.sha256(str(chat.chat_template).encode()).hexdigest(),
+            vocab_size=vocab_size, max_length=max_length, overlong=config.overlong, input=source,
+        )
+        (out / META_FILE).write_text(meta.to_json())
+        (out / STATS_FILE).write_text(json.dumps(stats.to_dict(), indent=2) + "\n")
+        partial.replace(out / SAMPLES_FILE)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise PrepareError(
+                f"disk full while writing {partial} after {stats.kept} samples; "
+                "the samples written so far are kept there. Free space and re-run."
+            ) from exc
+        raise
+    return stats
+
+
+def _prepare_row(raw: Any, chat: ChatTokenizer, config: PrepareConfig, stats: PrepareStats,
+                 max_length: int, vocab_size: int) -> PreparedSample | None:
+    try:
+        if raw.error is not None:
+            raise RowError(raw.error)
+        conversation = parse_row(raw.row, raw.location)
+        tokens = chat.tokenize(conversation.messages)
+    except RowError as exc:
+        message = f"{raw.location}: {exc}"
+        if config.on_error == "fail":
+            raise PrepareError(f"malformed row at {message} (use --on-error skip to skip such rows)") from exc
+        logger.warning("skipping malformed row at %s", message)
+        stats.drop("malformed", message)
+        return None
+    ids, mask = tokens.input_ids, tokens.loss_mask
+    if len(ids) > max_length:
+        if config.overlong == "drop":
+            stats.drop("too_long")
+            return None
+        ids, mask = ids[:max_length], mask[:max_length]
+        if not any(mask):
+            stats.drop("no_assistant_tokens_after_truncation")
+            return None
+        stats.truncated += 1
+    if max(ids) >= vocab_size:
+        raise PrepareError(
+            f"{raw.location}: the tokenizer produced token id {max(ids)}, outside the model's "
+            f"vocabulary of {vocab_size}; tokenizer and model do not match"
+        )
+    source = raw.location if conversation.source_id is None else f"{raw.location} (id={conversation.source_id})"
+    stats.keep(len(ids), sum(mask))
+    return PreparedSample(raw.key, ids, mask, source)

@@ -1,0 +1,84 @@
+"""The ``eagle3`` console script: one parser, one subcommand per pipeline step.
+
+Each subcommand's arguments and runner live next to the code they drive (``client/cli.py``,
+``draft_trainer/cli.py``, ``eagle3/demo.py``); this module only wires them and turns known errors
+into a one-line message and exit status 1. Unknown or misspelled options exit with status 2 and
+name the option (argparse abbreviations are off: ``--max`` never silently means ``--max-length``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from client.cli import add_prepare_command
+from client.conversations import SourceError
+from client.masking import TemplateError
+from client.prepare import PrepareError
+from client.protocol import PreparedFormatError
+from draft_trainer.cli import add_vocab_command
+from draft_trainer.vocab import VocabError
+from eagle3 import __version__
+from eagle3.demo import add_demo_command
+from eagle3.models import ModelNotFoundError
+
+USER_ERRORS = (ModelNotFoundError, PrepareError, PreparedFormatError, SourceError, TemplateError,
+               VocabError, FileNotFoundError)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse without abbreviations, and with a 'did you mean' for unknown options."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def unknown_options(self, extras: list[str]) -> NoReturn:
+        known = [s for a in self._actions for s in a.option_strings]
+        parts = []
+        for extra in extras:
+            name = extra.split("=", 1)[0]
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        label = "option" if len(parts) == 1 else "options"
+        self.error(f"unrecognized {label}: {', '.join(parts)}")
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="eagle3", description="Train EAGLE-3 draft models against a resident verifier.")
+    parser.add_argument("--version", action="version", version=f"eagle3 {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=ArgumentParser)
+    add_prepare_command(sub)
+    add_vocab_command(sub)
+    add_demo_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        subparser = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+        subparser.unknown_options(extras)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.func(args))
+    except USER_ERRORS as exc:
+        print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"eagle3 {args.command}: interrupted", file=sys.stderr)
+        return 130
