@@ -25,14 +25,16 @@ def positive_int(text: str) -> int:
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL,
+        "--model",
+        default=DEFAULT_MODEL,
         help=f"verifier: a local HF checkpoint directory, or the embedded {DEFAULT_MODEL} (default)",
     )
 
 
 def add_prepare_command(sub: Any) -> None:
     p = sub.add_parser(
-        "prepare", help="tokenize conversations with the verifier's chat template + loss mask",
+        "prepare",
+        help="tokenize conversations with the verifier's chat template + loss mask",
         description="Tokenize conversations (JSONL: OpenAI messages, ShareGPT conversations or "
         "prompt/response; a datasets dataset saved to disk; or builtin:chatterbot) with the "
         "verifier's chat template. Assistant tokens get loss_mask 1.",
@@ -40,13 +42,25 @@ def add_prepare_command(sub: Any) -> None:
     p.add_argument("--input", required=True, help=f"JSONL file (.gz ok), saved dataset dir, or {BUILTIN_CHATTERBOT}")
     p.add_argument("--out", required=True, type=Path, help="output directory (samples.jsonl, meta.json, stats.json)")
     add_model_argument(p)
-    p.add_argument("--max-length", type=positive_int, default=None,
-                   help="longest sample in tokens (default and cap: the model's context length)")
-    p.add_argument("--overlong", choices=("drop", "truncate"), default="drop",
-                   help="samples over --max-length: drop them (default) or keep the first max-length tokens")
+    p.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=None,
+        help="longest sample in tokens (default and cap: the model's context length)",
+    )
+    p.add_argument(
+        "--overlong",
+        choices=("drop", "truncate"),
+        default="drop",
+        help="samples over --max-length: drop them (default) or keep the first max-length tokens",
+    )
     p.add_argument("--limit", type=positive_int, default=None, help="read at most this many input rows")
-    p.add_argument("--on-error", choices=("skip", "fail"), default="fail",
-                   help="a malformed row: stop with its file and line (default) or skip and count it")
+    p.add_argument(
+        "--on-error",
+        choices=("skip", "fail"),
+        default="fail",
+        help="a malformed row: stop with its file and line (default) or skip and count it",
+    )
     p.add_argument("--chat-template", type=Path, default=None, help="jinja file overriding the tokenizer's template")
     p.add_argument("--split", default="train", help="split of a saved DatasetDict (default train)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
@@ -60,8 +74,13 @@ def run_prepare(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--chat-template {args.chat_template} does not exist")
         template = args.chat_template.read_text(encoding="utf-8")
     config = PrepareConfig(
-        max_length=args.max_length, overlong=args.overlong, limit=args.limit,
-        on_error=args.on_error, chat_template=template, split=args.split, overwrite=args.overwrite,
+        max_length=args.max_length,
+        overlong=args.overlong,
+        limit=args.limit,
+        on_error=args.on_error,
+        chat_template=template,
+        split=args.split,
+        overwrite=args.overwrite,
     )
     stats = prepare_dataset(args.input, args.out, model=args.model, config=config)
     print(f"prepared {args.input} -> {args.out / SAMPLES_FILE}")

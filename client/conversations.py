@@ -26,9 +26,18 @@ from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
 _SHAREGPT_ROLES = {
-    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-    "model": "assistant", "chatgpt": "assistant", "bard": "assistant", "bing": "assistant",
-    "system": "system", "tool": "tool", "function_response": "tool", "observation": "tool",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function_response": "tool",
+    "observation": "tool",
 }
 BUILTIN_CHATTERBOT = "builtin:chatterbot"
 
@@ -79,8 +88,7 @@ def parse_row(row: dict[str, Any], location: str) -> Conversation:
     else:
         keys = ", ".join(sorted(row)) or "none"
         raise RowError(
-            f"unrecognized row shape (keys: {keys}); expected 'messages', 'conversations' or "
-            "'prompt' + 'response'"
+            f"unrecognized row shape (keys: {keys}); expected 'messages', 'conversations' or 'prompt' + 'response'"
         )
     if not any(m.role == "assistant" for m in messages):
         raise RowError("conversation has no assistant turn")
@@ -226,8 +234,7 @@ def _iter_chatterbot() -> Iterator[RawRow]:
             if len(turns) % 2:  # a trailing user statement has no answer
                 turns = turns[:-1]
             messages = [
-                {"role": "user" if k % 2 == 0 else "assistant", "content": text}
-                for k, text in enumerate(turns)
+                {"role": "user" if k % 2 == 0 else "assistant", "content": text} for k, text in enumerate(turns)
             ]
             location = f"chatterbot-corpus/english/{path.name} conversation {i}"
             yield RawRow(location, f"{path.stem}-{i}", {"id": f"{path.stem}-{i}", "messages": messages})

@@ -11,6 +11,10 @@ conversation prefix yields a prefix of rendering the whole conversation. Templat
 earlier turns (e.g. dropping past reasoning) are not, and are rejected with ``TemplateError``
 instead of producing a wrong mask. So is a template that renders an assistant turn as nothing:
 the mask is never silently all-zero, and never falls back to all-ones.
+
+Boundary tokens: a token that straddles the start of a turn (BPE merging the generation prompt's
+last character with the reply's first, e.g. ``"\n"`` + ``" "`` -> ``"\n "``) carries assistant text,
+so it is supervised; this happens only for replies that begin with whitespace.
 """
 
 from __future__ import annotations
@@ -39,9 +43,7 @@ class ChatTokenizer:
         self.tokenizer = tokenizer
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
-            raise TemplateError(
-                "the tokenizer has no chat template; pass one with --chat-template FILE"
-            )
+            raise TemplateError("the tokenizer has no chat template; pass one with --chat-template FILE")
         self.use_offsets = bool(getattr(tokenizer, "is_fast", False))
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
@@ -52,7 +54,7 @@ class ChatTokenizer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
-        except Exception as exc:  # noqa: BLE001  (jinja raises anything, e.g. raise_exception())
+        except Exception as exc:
             raise RowError(f"chat template rejected the conversation: {exc}") from exc
         return str(text)
 
@@ -98,33 +100,43 @@ class ChatTokenizer:
                 k += 1
             if k < len(spans) and end > spans[k][0] and start < spans[k][1]:
                 mask[t] = 1
-        self._check_every_turn_masked(ids, mask, len(spans))
+        self._check_every_turn_masked(mask, len(spans))
         return Tokenized(ids, mask)
 
     def _mask_by_tokens(self, messages: Sequence[Message], full: str) -> Tokenized:
-        """Slow-tokenizer fallback: compare token sequences of the renders directly."""
+        """Slow-tokenizer fallback: compare the token sequences of the renders with the full one.
+
+        The supervised run of a turn starts where the tokens of the prompt render stop agreeing with
+        the full conversation (normally at its end; one token earlier when BPE merged across the
+        boundary) and ends where the tokens of the render including the turn stop agreeing.
+        """
         ids = self._encode(full)
         mask = [0] * len(ids)
         turns = 0
         for j, message in enumerate(messages):
             if message.role != "assistant":
                 continue
-            before = self._encode(self.render(messages[:j], add_generation_prompt=True))
-            after = self._encode(self.render(messages[: j + 1], add_generation_prompt=False))
-            if after[: len(before)] != before or ids[: len(after)] != after:
-                raise TemplateError(
-                    f"tokens of the render up to assistant message {j} are not a prefix of the "
-                    "whole conversation's tokens; use a fast tokenizer (tokenizer.json)"
-                )
-            mask[len(before) : len(after)] = [1] * (len(after) - len(before))
+            start = _common_prefix(ids, self._encode(self.render(messages[:j], add_generation_prompt=True)))
+            end = _common_prefix(ids, self._encode(self.render(messages[: j + 1], add_generation_prompt=False)))
+            if end <= start:
+                raise TemplateError(f"assistant message {j} adds no tokens to the conversation")
+            mask[start:end] = [1] * (end - start)
             turns += 1
-        self._check_every_turn_masked(ids, mask, turns)
+        self._check_every_turn_masked(mask, turns)
         return Tokenized(ids, mask)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     @staticmethod
-    def _check_every_turn_masked(ids: list[int], mask: list[int], n_turns: int) -> None:
+    def _check_every_turn_masked(mask: list[int], n_turns: int) -> None:
         if n_turns and not any(mask):
             raise TemplateError("the chat template yields no assistant tokens for this conversation")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

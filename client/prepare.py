@@ -24,14 +24,21 @@ from typing import Any, Literal
 
 from client.conversations import RowError, iter_rows, parse_row
 from client.masking import ChatTokenizer
-from client.prepare_stats import PrepareStats
+from client.prepare_stats import MAX_EXAMPLES, PrepareStats
 from client.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
 from eagle3.models import DEFAULT_MODEL, resolve_model_dir
 
 logger = logging.getLogger(__name__)
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
 
 
 class PrepareError(RuntimeError):
@@ -97,7 +104,9 @@ def prepare_dataset(
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
     vocab_size = int(cfg.get("vocab_size") or len(tokenizer))
     context = int(cfg.get("max_position_embeddings") or 0) or None
-    max_length = min(x for x in (config.max_length, context) if x is not None) if (config.max_length or context) else None
+    max_length = (
+        min(x for x in (config.max_length, context) if x is not None) if (config.max_length or context) else None
+    )
     if max_length is None:
         raise PrepareError("the model config has no max_position_embeddings; pass --max-length")
     if config.max_length and context and config.max_length > context:
@@ -121,9 +130,14 @@ def prepare_dataset(
         if stats.kept == 0:
             raise PrepareError(f"no sample was kept from {source} ({stats.format_text().strip()})")
         meta = PreparedMeta(
-            model=model, model_dir=str(model_dir), tokenizer_sha256=tokenizer_sha256(model_dir),
+            model=model,
+            model_dir=str(model_dir),
+            tokenizer_sha256=tokenizer_sha256(model_dir),
             chat_template_sha256=hashlib.sha256(str(chat.chat_template).encode()).hexdigest(),
-            vocab_size=vocab_size, max_length=max_length, overlong=config.overlong, input=source,
+            vocab_size=vocab_size,
+            max_length=max_length,
+            overlong=config.overlong,
+            input=source,
         )
         (out / META_FILE).write_text(meta.to_json())
         (out / STATS_FILE).write_text(json.dumps(stats.to_dict(), indent=2) + "\n")
@@ -138,8 +152,14 @@ def prepare_dataset(
     return stats
 
 
-def _prepare_row(raw: Any, chat: ChatTokenizer, config: PrepareConfig, stats: PrepareStats,
-                 max_length: int, vocab_size: int) -> PreparedSample | None:
+def _prepare_row(
+    raw: Any,
+    chat: ChatTokenizer,
+    config: PrepareConfig,
+    stats: PrepareStats,
+    max_length: int,
+    vocab_size: int,
+) -> PreparedSample | None:
     try:
         if raw.error is not None:
             raise RowError(raw.error)
@@ -149,7 +169,10 @@ def _prepare_row(raw: Any, chat: ChatTokenizer, config: PrepareConfig, stats: Pr
         message = f"{raw.location}: {exc}"
         if config.on_error == "fail":
             raise PrepareError(f"malformed row at {message} (use --on-error skip to skip such rows)") from exc
-        logger.warning("skipping malformed row at %s", message)
+        if stats.dropped["malformed"] < MAX_EXAMPLES:
+            logger.warning("skipping malformed row at %s", message)
+        elif stats.dropped["malformed"] == MAX_EXAMPLES:
+            logger.warning("more malformed rows: counted in stats.json, not logged")
         stats.drop("malformed", message)
         return None
     ids, mask = tokens.input_ids, tokens.loss_mask

@@ -21,7 +21,8 @@ def _positive_int(text: str) -> int:
 
 def add_vocab_command(sub: Any) -> None:
     p = sub.add_parser(
-        "vocab", help="draft vocabulary (d2t/t2d) from assistant-token frequencies",
+        "vocab",
+        help="draft vocabulary (d2t/t2d) from assistant-token frequencies",
         description="Pick the K most frequent assistant tokens of a prepared dataset as the draft "
         "vocabulary and write vLLM's d2t (offsets) and t2d (mask) tensors.",
     )
@@ -38,8 +39,10 @@ def format_vocab_stats(stats: VocabStats) -> str:
         f"{stats.distinct_assistant_tokens:,} distinct",
     ]
     if stats.padded_ids:
-        lines.append(f"  padded            {stats.padded_ids:,} ids with frequency 0 "
-                     "(fewer distinct assistant tokens than the draft vocab size)")
+        lines.append(
+            f"  padded            {stats.padded_ids:,} ids with frequency 0 "
+            "(fewer distinct assistant tokens than the draft vocab size)"
+        )
     lines.append(f"  coverage          {100 * stats.coverage:.2f}% of assistant-token occurrences")
     sizes = "  ".join(f"{k}: {100 * v:.1f}%" for k, v in stats.coverage_at.items())
     lines.append(f"  coverage by size  {sizes}")

@@ -50,7 +50,8 @@ class DraftVocab:
     @property
     def target_ids(self) -> np.ndarray:
         """(K,) int64: target id of each draft id."""
-        return np.arange(self.draft_vocab_size, dtype=np.int64) + self.d2t
+        ids: np.ndarray = np.arange(self.draft_vocab_size, dtype=np.int64) + self.d2t
+        return ids
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,10 @@ def save_vocab(vocab: DraftVocab, stats: VocabStats, counts: np.ndarray, out_dir
     save_file(
         {"d2t": vocab.d2t, "t2d": vocab.t2d, "token_counts": counts.astype(np.int64)},
         str(tmp),
-        metadata={"draft_vocab_size": str(vocab.draft_vocab_size),
-                  "target_vocab_size": str(vocab.target_vocab_size)},
+        metadata={
+            "draft_vocab_size": str(vocab.draft_vocab_size),
+            "target_vocab_size": str(vocab.target_vocab_size),
+        },
     )
     tmp.replace(out / VOCAB_FILE)
     (out / VOCAB_STATS_FILE).write_text(json.dumps(asdict(stats), indent=2) + "\n")

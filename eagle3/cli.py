@@ -26,8 +26,15 @@ from eagle3 import __version__
 from eagle3.demo import add_demo_command
 from eagle3.models import ModelNotFoundError
 
-USER_ERRORS = (ModelNotFoundError, PrepareError, PreparedFormatError, SourceError, TemplateError,
-               VocabError, FileNotFoundError)
+USER_ERRORS = (
+    ModelNotFoundError,
+    PrepareError,
+    PreparedFormatError,
+    SourceError,
+    TemplateError,
+    VocabError,
+    FileNotFoundError,
+)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -46,7 +53,7 @@ class ArgumentParser(argparse.ArgumentParser):
         parts = []
         for extra in extras:
             name = extra.split("=", 1)[0]
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
             parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         label = "option" if len(parts) == 1 else "options"
         self.error(f"unrecognized {label}: {', '.join(parts)}")
@@ -63,12 +70,37 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def _subcommands(parser: ArgumentParser) -> dict[str, ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _reject_unknown_options(parser: ArgumentParser, argv: list[str]) -> None:
+    """Name unknown options before anything else (a missing required option must not hide them)."""
+    commands = _subcommands(parser)
+    index = next((i for i, a in enumerate(argv) if a in commands), None)
+    if index is None:
+        return
+    sub = commands[argv[index]]
+    known = {s for a in sub._actions for s in a.option_strings}
+    rest = argv[index + 1 :]
+    rest = rest[: rest.index("--")] if "--" in rest else rest
+    unknown = [
+        a for a in rest if a.startswith("-") and a != "-" and not a[1:2].isdigit() and a.split("=", 1)[0] not in known
+    ]
+    if unknown:
+        sub.unknown_options(unknown)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _reject_unknown_options(parser, argv)
     args, extras = parser.parse_known_args(argv)
     if extras:
-        subparser = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
-        subparser.unknown_options(extras)
+        _subcommands(parser)[args.command].unknown_options(extras)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -20,9 +20,12 @@ from eagle3.models import resolve_model_dir
 
 
 def add_demo_command(sub: Any) -> None:
-    p = sub.add_parser("demo", help="run the pipeline end to end on the embedded verifier",
-                       description="Prepare the builtin chatterbot dataset with the verifier's chat "
-                       "template, then build a draft vocabulary.")
+    p = sub.add_parser(
+        "demo",
+        help="run the pipeline end to end on the embedded verifier",
+        description="Prepare the builtin chatterbot dataset with the verifier's chat "
+        "template, then build a draft vocabulary.",
+    )
     p.add_argument("--out", type=Path, default=Path("demo_out"), help="work directory (default demo_out)")
     add_model_argument(p)
     p.add_argument("--draft-vocab-size", type=int, default=32000, help="K (default 32000)")
@@ -34,8 +37,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"[1/3] verifier: {resolve_model_dir(args.model)}")
     prepared = args.out / "prepared"
     print(f"[2/3] prepare {BUILTIN_CHATTERBOT} -> {prepared}")
-    stats = prepare_dataset(BUILTIN_CHATTERBOT, prepared, model=args.model,
-                            config=PrepareConfig(overwrite=True))
+    stats = prepare_dataset(BUILTIN_CHATTERBOT, prepared, model=args.model, config=PrepareConfig(overwrite=True))
     print(stats.format_text())
     vocab_dir = args.out / f"vocab-{args.draft_vocab_size}"
     print(f"[3/3] vocab -> {vocab_dir}")

@@ -67,8 +67,7 @@ def resolve_model_dir(model: str = DEFAULT_MODEL) -> Path:
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelNotFoundError(
-                f"--model {model!r} exists but is not a Hugging Face checkpoint directory "
-                "(no config.json inside)"
+                f"--model {model!r} exists but is not a Hugging Face checkpoint directory (no config.json inside)"
             )
         return path
     if is_embedded_name(model):
@@ -166,11 +165,11 @@ def _convert_gguf(source: Path, out_dir: Path) -> None:
         del config.quantization_config
     # NOTE: save_pretrained refuses the GGUF-loaded module ("not serializable"); a fresh module
     # with the same config takes the dequantized weights key for key.
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[arg-type]
     result = model.load_state_dict(quantized.state_dict(), strict=False)
     if result.unexpected_keys or [k for k in result.missing_keys if k != "lm_head.weight"]:
         raise RuntimeError(f"GGUF conversion lost weights: {result}")
-    model = model.to(torch.bfloat16).eval()
+    model = model.to(torch.bfloat16).eval()  # type: ignore[arg-type]
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     source_info = {

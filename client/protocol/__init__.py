@@ -10,9 +10,9 @@ from client.protocol.prepared import (
     SAMPLES_FILE,
     SCHEMA_VERSION,
     STATS_FILE,
+    PreparedFormatError,
     PreparedMeta,
     PreparedSample,
-    PreparedFormatError,
     iter_prepared,
     read_meta,
 )

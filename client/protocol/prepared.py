@@ -63,8 +63,12 @@ class PreparedSample:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"id": self.sample_id, "input_ids": self.input_ids, "loss_mask": self.loss_mask,
-             "source": self.source},
+            {
+                "id": self.sample_id,
+                "input_ids": self.input_ids,
+                "loss_mask": self.loss_mask,
+                "source": self.source,
+            },
             separators=(",", ":"),
         )
 
@@ -74,8 +78,7 @@ class PreparedSample:
         if not isinstance(obj, dict):
             raise PreparedFormatError("line is not a JSON object")
         try:
-            return cls(str(obj["id"]), list(obj["input_ids"]), list(obj["loss_mask"]),
-                       str(obj.get("source", "")))
+            return cls(str(obj["id"]), list(obj["input_ids"]), list(obj["loss_mask"]), str(obj.get("source", "")))
         except KeyError as exc:
             raise PreparedFormatError(f"missing key {exc.args[0]!r}") from exc
 
@@ -115,9 +118,7 @@ class PreparedMeta:
 def read_meta(prepared_dir: str | Path) -> PreparedMeta:
     path = Path(prepared_dir) / META_FILE
     if not path.is_file():
-        raise PreparedFormatError(
-            f"{path} not found: {prepared_dir} is not a prepared directory (run eagle3 prepare)"
-        )
+        raise PreparedFormatError(f"{path} not found: {prepared_dir} is not a prepared directory (run eagle3 prepare)")
     try:
         return PreparedMeta.from_dict(json.loads(path.read_text()))
     except json.JSONDecodeError as exc:
