@@ -3,32 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from client.conversations import BUILTIN_CHATTERBOT
 from client.prepare import PrepareConfig, prepare_dataset
 from client.protocol import SAMPLES_FILE, STATS_FILE
-from eagle3.models import DEFAULT_MODEL
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"verifier: a local HF checkpoint directory, or the embedded {DEFAULT_MODEL} (default)",
-    )
+from eagle3.cli_args import add_model_argument, positive_int
 
 
 def add_prepare_command(sub: Any) -> None:
@@ -39,7 +20,12 @@ def add_prepare_command(sub: Any) -> None:
         "prompt/response; a datasets dataset saved to disk; or builtin:chatterbot) with the "
         "verifier's chat template. Assistant tokens get loss_mask 1.",
     )
-    p.add_argument("--input", required=True, help=f"JSONL file (.gz ok), saved dataset dir, or {BUILTIN_CHATTERBOT}")
+    p.add_argument(
+        "--input",
+        required=True,
+        nargs="+",
+        help=f"one or more: JSONL file (.gz ok), saved datasets dir, or {BUILTIN_CHATTERBOT}",
+    )
     p.add_argument("--out", required=True, type=Path, help="output directory (samples.jsonl, meta.json, stats.json)")
     add_model_argument(p)
     p.add_argument(
@@ -83,12 +69,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     stats = prepare_dataset(args.input, args.out, model=args.model, config=config)
-    print(f"prepared {args.input} -> {args.out / SAMPLES_FILE}")
+    print(f"prepared {', '.join(args.input)} -> {args.out / SAMPLES_FILE}")
     print(stats.format_text())
     print(f"stats written to {args.out / STATS_FILE}")
     return 0
-
-
-def load_stats(prepared_dir: Path) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads((prepared_dir / STATS_FILE).read_text())
-    return result

@@ -18,11 +18,12 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from client.conversations import RowError, iter_rows, parse_row
+from client.conversations import RawRow, RowError, iter_rows, parse_row
 from client.masking import ChatTokenizer
 from client.prepare_stats import MAX_EXAMPLES, PrepareStats
 from client.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
@@ -49,7 +50,7 @@ class PrepareError(RuntimeError):
 class PrepareConfig:
     max_length: int | None = None  # tokens; None: the verifier's max_position_embeddings
     overlong: Literal["drop", "truncate"] = "drop"  # what to do with a sample over max_length
-    limit: int | None = None  # read at most this many input rows
+    limit: int | None = None  # read at most this many input rows (over all inputs)
     on_error: Literal["skip", "fail"] = "fail"  # malformed rows
     chat_template: str | None = None  # jinja text overriding the tokenizer's template
     split: str = "train"  # for a saved DatasetDict
@@ -87,15 +88,22 @@ def load_tokenizer(model_dir: Path) -> Any:
 
 
 def prepare_dataset(
-    source: str,
+    source: str | Sequence[str],
     out_dir: str | Path,
     *,
     model: str = DEFAULT_MODEL,
     config: PrepareConfig | None = None,
     tokenizer: Any = None,
 ) -> PrepareStats:
-    """Prepare ``source`` into ``out_dir`` (see the module docstring); returns the stats."""
+    """Prepare ``source`` (one input or several) into ``out_dir``; returns the stats.
+
+    With several inputs, sample ids are prefixed by the input's position (``"1/line7"``) so they
+    stay unique.
+    """
     config = config or PrepareConfig()
+    sources = [source] if isinstance(source, str) else list(source)
+    if not sources:
+        raise PrepareError("no input given")
     out = Path(out_dir)
     if (out / SAMPLES_FILE).exists() and not config.overwrite:
         raise PrepareError(f"{out / SAMPLES_FILE} already exists; pass --overwrite to replace it")
@@ -118,9 +126,7 @@ def prepare_dataset(
     stats = PrepareStats()
     try:
         with open(partial, "w", encoding="utf-8") as fh:
-            for raw in iter_rows(source, split=config.split):
-                if config.limit is not None and stats.rows_read >= config.limit:
-                    break
+            for raw in _iter_all_rows(sources, config):
                 stats.rows_read += 1
                 sample = _prepare_row(raw, chat, config, stats, max_length, vocab_size)
                 if sample is not None:
@@ -128,7 +134,7 @@ def prepare_dataset(
             fh.flush()
             os.fsync(fh.fileno())
         if stats.kept == 0:
-            raise PrepareError(f"no sample was kept from {source} ({stats.format_text().strip()})")
+            raise PrepareError(f"no sample was kept from {', '.join(sources)}:\n{stats.format_text()}")
         meta = PreparedMeta(
             model=model,
             model_dir=str(model_dir),
@@ -137,7 +143,7 @@ def prepare_dataset(
             vocab_size=vocab_size,
             max_length=max_length,
             overlong=config.overlong,
-            input=source,
+            inputs=sources,
         )
         (out / META_FILE).write_text(meta.to_json())
         (out / STATS_FILE).write_text(json.dumps(stats.to_dict(), indent=2) + "\n")
@@ -152,8 +158,18 @@ def prepare_dataset(
     return stats
 
 
+def _iter_all_rows(sources: list[str], config: PrepareConfig) -> Iterator[RawRow]:
+    n_rows = 0
+    for index, source in enumerate(sources):
+        for raw in iter_rows(source, split=config.split):
+            if config.limit is not None and n_rows >= config.limit:
+                return
+            n_rows += 1
+            yield raw if len(sources) == 1 else replace(raw, key=f"{index}/{raw.key}")
+
+
 def _prepare_row(
-    raw: Any,
+    raw: RawRow,
     chat: ChatTokenizer,
     config: PrepareConfig,
     stats: PrepareStats,
@@ -163,7 +179,7 @@ def _prepare_row(
     try:
         if raw.error is not None:
             raise RowError(raw.error)
-        conversation = parse_row(raw.row, raw.location)
+        conversation = parse_row(raw.row or {}, raw.location)
         tokens = chat.tokenize(conversation.messages)
     except RowError as exc:
         message = f"{raw.location}: {exc}"

@@ -7,16 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from draft_trainer.vocab import VOCAB_FILE, VocabStats, make_vocab
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+from eagle3.cli_args import positive_int
 
 
 def add_vocab_command(sub: Any) -> None:
@@ -27,7 +18,7 @@ def add_vocab_command(sub: Any) -> None:
         "vocabulary and write vLLM's d2t (offsets) and t2d (mask) tensors.",
     )
     p.add_argument("--prepared", required=True, type=Path, help="directory written by eagle3 prepare")
-    p.add_argument("--draft-vocab-size", type=_positive_int, default=32000, help="K (default 32000)")
+    p.add_argument("--draft-vocab-size", type=positive_int, default=32000, help="K (default 32000)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: PREPARED/vocab-K)")
     p.set_defaults(func=run_vocab)
 

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client.cli import add_model_argument
 from client.conversations import BUILTIN_CHATTERBOT
 from client.prepare import PrepareConfig, prepare_dataset
 from draft_trainer.cli import format_vocab_stats
 from draft_trainer.vocab import make_vocab
+from eagle3.cli_args import add_model_argument, positive_int
 from eagle3.models import resolve_model_dir
 
 
@@ -28,7 +28,7 @@ def add_demo_command(sub: Any) -> None:
     )
     p.add_argument("--out", type=Path, default=Path("demo_out"), help="work directory (default demo_out)")
     add_model_argument(p)
-    p.add_argument("--draft-vocab-size", type=int, default=32000, help="K (default 32000)")
+    p.add_argument("--draft-vocab-size", type=positive_int, default=32000, help="K (default 32000)")
     p.set_defaults(func=run_demo)
 
 

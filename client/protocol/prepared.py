@@ -50,6 +50,8 @@ class PreparedSample:
                 f"sample {self.sample_id!r}: {len(self.input_ids)} input_ids but "
                 f"{len(self.loss_mask)} loss_mask entries"
             )
+        if 1 not in self.loss_mask:
+            raise PreparedFormatError(f"sample {self.sample_id!r}: loss_mask has no assistant token")
         if not set(self.loss_mask) <= {0, 1}:
             raise PreparedFormatError(f"sample {self.sample_id!r}: loss_mask holds values other than 0/1")
 
@@ -94,7 +96,7 @@ class PreparedMeta:
     vocab_size: int  # the verifier's embedding rows (config.vocab_size)
     max_length: int  # longest sample kept, in tokens
     overlong: str  # "drop" | "truncate"
-    input: str
+    inputs: list[str]  # as given: paths, saved-dataset dirs or builtin names
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:

@@ -202,3 +202,24 @@ def test_memory_does_not_grow_with_the_dataset(tmp_path, smollm2_tokenizer):
 
     small, large = peak_bytes(400, "small"), peak_bytes(4000, "large")
     assert large < small * 1.5 + (1 << 20), (small, large)
+
+
+def test_several_inputs_keep_ids_unique(tmp_path, smollm2_tokenizer):
+    a = write_jsonl(tmp_path / "a.jsonl", ROWS[:2])
+    b = write_jsonl(tmp_path / "b.jsonl", ROWS[2:] + ROWS[:1])
+    stats = prepare_dataset([str(a), str(b)], tmp_path / "out", tokenizer=smollm2_tokenizer)
+    ids = [s.sample_id for s in iter_prepared(tmp_path / "out")]
+    assert ids == ["0/line1", "0/line2", "1/line1", "1/line2"]
+    assert stats.rows_read == 4
+    assert read_meta(tmp_path / "out").inputs == [str(a), str(b)]
+
+
+def test_full_disk_is_a_clear_error(tmp_path, smollm2_tokenizer):
+    """/dev/full fails every write with ENOSPC, as a full disk does."""
+    out = tmp_path / "prepared"
+    out.mkdir()
+    (out / "samples.jsonl.partial").symlink_to("/dev/full")
+    src = write_jsonl(tmp_path / "in.jsonl", ROWS * 2000)  # more than one write buffer
+    with pytest.raises(PrepareError, match="disk full while writing .*samples.jsonl.partial"):
+        prepare_dataset(str(src), out, tokenizer=smollm2_tokenizer)
+    assert not (out / "samples.jsonl").exists()

@@ -1,0 +1,25 @@
+"""Argument types and arguments shared by several ``eagle3`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+from eagle3.models import DEFAULT_MODEL
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"verifier: a local HF checkpoint directory, or the embedded {DEFAULT_MODEL} (default)",
+    )
