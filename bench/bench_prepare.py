@@ -6,7 +6,9 @@ Prints one JSON object:
   conversation, vs the slow-tokenizer fallback that tokenizes every render), and their ratio;
 * ``prepare``: end-to-end rows/s and tokens/s of ``prepare_dataset`` (read, parse, render, tokenize,
   write) and the peak traced Python heap for 1x and 4x the input (flat = streaming; measured in a
-  separate pass because tracing slows Python).
+  separate pass because tracing slows Python);
+* ``workers``: wall time of prepare on 48x the input with 1 and with 2 tokenizing processes
+  (process start-up included), and the speed-up.
 
 usage: python bench/bench_prepare.py [--multi-turn 4] [--repeat 3]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 import tracemalloc
@@ -50,12 +53,27 @@ def time_masking(chat: ChatTokenizer, convs: list[Conversation], use_offsets: bo
     }
 
 
-def time_prepare(tokenizer: Any, convs: list[Conversation], copies: int, work: Path) -> dict[str, float]:
+def write_input(convs: list[Conversation], copies: int, work: Path) -> Path:
     src = work / f"in-{copies}.jsonl"
     with open(src, "w") as fh:
         for _ in range(copies):
             for conv in convs:
                 fh.write(json.dumps({"messages": [m.as_dict() for m in conv.messages]}) + "\n")
+    return src
+
+
+def time_workers(tokenizer: Any, src: Path, workers: int, work: Path) -> dict[str, float]:
+    """Wall time of one prepare run with ``workers`` processes (start-up included)."""
+    started = time.perf_counter()
+    stats = prepare_dataset(
+        str(src), work / f"out-w{workers}", tokenizer=tokenizer, config=PrepareConfig(workers=workers, overwrite=True)
+    )
+    elapsed = time.perf_counter() - started
+    return {"workers": workers, "seconds": round(elapsed, 3), "tokens_per_s": round(stats.total_tokens / elapsed, 1)}
+
+
+def time_prepare(tokenizer: Any, convs: list[Conversation], copies: int, work: Path) -> dict[str, float]:
+    src = write_input(convs, copies, work)
     started = time.perf_counter()
     stats = prepare_dataset(str(src), work / f"out-{copies}", tokenizer=tokenizer, config=PrepareConfig())
     elapsed = time.perf_counter() - started
@@ -89,6 +107,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         small = time_prepare(tokenizer, convs, 1, Path(tmp))
         large = time_prepare(tokenizer, convs, 4, Path(tmp))
+        src = write_input(convs, 48, Path(tmp))
+        one, two = time_workers(tokenizer, src, 1, Path(tmp)), time_workers(tokenizer, src, 2, Path(tmp))
     print(
         json.dumps(
             {
@@ -101,6 +121,13 @@ def main() -> None:
                     "offsets_over_token_prefix": round(
                         best["offsets"]["tokens_per_s"] / best["token_prefix"]["tokens_per_s"], 2
                     ),
+                },
+                "workers": {
+                    "rows": 48 * len(convs),
+                    "1": one,
+                    "2": two,
+                    "speedup_2_over_1": round(one["seconds"] / two["seconds"], 2),
+                    "cpu_count": os.cpu_count(),
                 },
                 "prepare": {
                     "1x": small,

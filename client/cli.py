@@ -48,6 +48,9 @@ def add_prepare_command(sub: Any) -> None:
         help="a malformed row: stop with its file and line (default) or skip and count it",
     )
     p.add_argument("--chat-template", type=Path, default=None, help="jinja file overriding the tokenizer's template")
+    p.add_argument(
+        "--workers", type=positive_int, default=1, help="tokenizing processes (default 1; try the core count)"
+    )
     p.add_argument("--split", default="train", help="split of a saved DatasetDict (default train)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
     p.set_defaults(func=run_prepare)
@@ -67,6 +70,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         chat_template=template,
         split=args.split,
         overwrite=args.overwrite,
+        workers=args.workers,
     )
     stats = prepare_dataset(args.input, args.out, model=args.model, config=config)
     print(f"prepared {', '.join(args.input)} -> {args.out / SAMPLES_FILE}")

@@ -1,8 +1,9 @@
 """``eagle3 prepare``: conversations -> token ids + assistant loss mask, streamed to disk.
 
 Data flow: ``conversations.iter_rows`` (one raw row at a time) -> ``parse_row`` (normalized
-messages) -> ``ChatTokenizer.tokenize`` (render-boundary mask) -> length policy -> one line of
-``samples.jsonl``. Memory stays flat however large the input is.
+messages) -> ``ChatTokenizer.tokenize`` (render-boundary mask; in worker processes with
+``workers > 1``, see ``prepare_workers``) -> length policy -> one line of ``samples.jsonl``, in input
+order. Memory stays flat however large the input is.
 
 Errors: a malformed row (bad JSON, unknown shape, a template that rejects it) is named by file and
 line; ``on_error="fail"`` stops at the first one, ``"skip"`` counts it and goes on. Template
@@ -23,9 +24,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from client.conversations import RawRow, RowError, iter_rows, parse_row
+from client.conversations import RawRow, iter_rows
 from client.masking import ChatTokenizer
 from client.prepare_stats import MAX_EXAMPLES, PrepareStats
+from client.prepare_workers import RowResult, tokenize_rows
 from client.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
 from eagle3.models import DEFAULT_MODEL, resolve_model_dir
 
@@ -55,6 +57,7 @@ class PrepareConfig:
     chat_template: str | None = None  # jinja text overriding the tokenizer's template
     split: str = "train"  # for a saved DatasetDict
     overwrite: bool = False
+    workers: int = 1  # tokenizing processes; >1 pays ~4 s of start-up, worth it on large inputs
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 1:
@@ -63,6 +66,8 @@ class PrepareConfig:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         if self.overlong not in ("drop", "truncate"):
             raise ValueError(f"overlong must be 'drop' or 'truncate', got {self.overlong!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.on_error not in ("skip", "fail"):
             raise ValueError(f"on_error must be 'skip' or 'fail', got {self.on_error!r}")
 
@@ -126,9 +131,10 @@ def prepare_dataset(
     stats = PrepareStats()
     try:
         with open(partial, "w", encoding="utf-8") as fh:
-            for raw in _iter_all_rows(sources, config):
+            rows = _iter_all_rows(sources, config)
+            for result in tokenize_rows(rows, chat, workers=config.workers, model_dir=str(model_dir)):
                 stats.rows_read += 1
-                sample = _prepare_row(raw, chat, config, stats, max_length, vocab_size)
+                sample = _finish_row(result, config, stats, max_length, vocab_size)
                 if sample is not None:
                     fh.write(sample.to_json() + "\n")
             fh.flush()
@@ -168,30 +174,21 @@ def _iter_all_rows(sources: list[str], config: PrepareConfig) -> Iterator[RawRow
             yield raw if len(sources) == 1 else replace(raw, key=f"{index}/{raw.key}")
 
 
-def _prepare_row(
-    raw: RawRow,
-    chat: ChatTokenizer,
-    config: PrepareConfig,
-    stats: PrepareStats,
-    max_length: int,
-    vocab_size: int,
+def _finish_row(
+    result: RowResult, config: PrepareConfig, stats: PrepareStats, max_length: int, vocab_size: int
 ) -> PreparedSample | None:
-    try:
-        if raw.error is not None:
-            raise RowError(raw.error)
-        conversation = parse_row(raw.row or {}, raw.location)
-        tokens = chat.tokenize(conversation.messages)
-    except RowError as exc:
-        message = f"{raw.location}: {exc}"
+    """Apply the error and length policies to one tokenized row and count it."""
+    if result.tokens is None:
+        message = f"{result.location}: {result.error}"
         if config.on_error == "fail":
-            raise PrepareError(f"malformed row at {message} (use --on-error skip to skip such rows)") from exc
+            raise PrepareError(f"malformed row at {message} (use --on-error skip to skip such rows)")
         if stats.dropped["malformed"] < MAX_EXAMPLES:
             logger.warning("skipping malformed row at %s", message)
         elif stats.dropped["malformed"] == MAX_EXAMPLES:
             logger.warning("more malformed rows: counted in stats.json, not logged")
         stats.drop("malformed", message)
         return None
-    ids, mask = tokens.input_ids, tokens.loss_mask
+    ids, mask = result.tokens.input_ids, result.tokens.loss_mask
     if len(ids) > max_length:
         if config.overlong == "drop":
             stats.drop("too_long")
@@ -203,9 +200,9 @@ def _prepare_row(
         stats.truncated += 1
     if max(ids) >= vocab_size:
         raise PrepareError(
-            f"{raw.location}: the tokenizer produced token id {max(ids)}, outside the model's "
+            f"{result.location}: the tokenizer produced token id {max(ids)}, outside the model's "
             f"vocabulary of {vocab_size}; tokenizer and model do not match"
         )
-    source = raw.location if conversation.source_id is None else f"{raw.location} (id={conversation.source_id})"
+    source = result.location if result.source_id is None else f"{result.location} (id={result.source_id})"
     stats.keep(len(ids), sum(mask))
-    return PreparedSample(raw.key, ids, mask, source)
+    return PreparedSample(result.key, ids, mask, source)

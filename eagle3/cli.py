@@ -19,6 +19,7 @@ from client.cli import add_prepare_command
 from client.conversations import SourceError
 from client.masking import TemplateError
 from client.prepare import PrepareError
+from client.prepare_workers import WorkerError
 from client.protocol import PreparedFormatError
 from draft_trainer.cli import add_vocab_command
 from draft_trainer.vocab import VocabError
@@ -33,6 +34,7 @@ USER_ERRORS = (
     SourceError,
     TemplateError,
     VocabError,
+    WorkerError,
     FileNotFoundError,
 )
 

@@ -223,3 +223,40 @@ def test_full_disk_is_a_clear_error(tmp_path, smollm2_tokenizer):
     with pytest.raises(PrepareError, match="disk full while writing .*samples.jsonl.partial"):
         prepare_dataset(str(src), out, tokenizer=smollm2_tokenizer)
     assert not (out / "samples.jsonl").exists()
+
+
+def test_worker_processes_give_identical_output(tmp_path, smollm2_tokenizer):
+    """Two spawned tokenizing processes write byte-for-byte what one process writes, in order,
+    malformed rows and length drops included."""
+    rows: list[Any] = []
+    for i in range(300):
+        rows.append({"prompt": f"Question {i}?", "response": "word " * (i % 50)})
+        if i % 97 == 0:
+            rows.append("{broken")
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    outputs = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        config = PrepareConfig(workers=workers, on_error="skip", max_length=60)
+        stats = prepare_dataset(str(src), out, tokenizer=smollm2_tokenizer, config=config)
+        outputs.append(((out / "samples.jsonl").read_bytes(), stats.to_dict()))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][1]["dropped_by_reason"]["malformed"] == 4
+    assert outputs[0][1]["dropped_by_reason"]["too_long"] > 0
+
+
+def test_worker_processes_stop_at_the_first_malformed_row(tmp_path, smollm2_tokenizer):
+    src = write_jsonl(tmp_path / "in.jsonl", ROWS * 100 + ["{broken"] + ROWS * 100)
+    with pytest.raises(PrepareError, match=r"in\.jsonl:301: invalid JSON"):
+        prepare_dataset(str(src), tmp_path / "out", tokenizer=smollm2_tokenizer, config=PrepareConfig(workers=2))
+
+
+def test_a_dead_worker_is_an_error_not_a_hang(tmp_path, smollm2_tokenizer):
+    from client.conversations import iter_rows
+    from client.masking import ChatTokenizer
+    from client.prepare_workers import WorkerError, tokenize_rows
+
+    src = write_jsonl(tmp_path / "in.jsonl", ROWS * 50)
+    rows = iter_rows(str(src))  # the workers cannot load a tokenizer from a missing directory
+    with pytest.raises(WorkerError, match="worker process died"):
+        list(tokenize_rows(rows, ChatTokenizer(smollm2_tokenizer), workers=2, model_dir=str(tmp_path / "missing")))
