@@ -4,6 +4,7 @@ the SDK must never pull torch, fastapi or the server in."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,3 +63,13 @@ def test_guard_sees_imports():
     """The checks above would catch a violation (guards against an always-empty import set)."""
     names = imported_modules(ROOT / "client" / "prepare.py")
     assert {"client.protocol", "eagle3.models", "json"} <= names
+
+
+def test_cli_and_sdk_import_without_torch_or_transformers():
+    """At run time too: the console script and the SDK load no heavy module until a step needs it."""
+    code = (
+        "import sys, eagle3.cli, client, client.prepare, draft_trainer.vocab; "
+        "print(sorted(m for m in ('torch', 'transformers', 'fastapi', 'datasets') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert proc.stdout.strip() == "[]"
