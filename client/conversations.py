@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,21 +172,26 @@ def iter_rows(source: str, *, split: str = "train") -> Iterator[RawRow]:
 
 
 def _iter_jsonl(path: Path) -> Iterator[RawRow]:
+    """Lines are read as bytes and decoded one by one, so a bad byte costs only its own line."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
+    with opener(path, "rb") as fh:
         line_no = 0
         while True:
             try:
-                line = fh.readline()
-            except UnicodeDecodeError as exc:
-                yield RawRow(f"{path}:{line_no + 1}", f"line{line_no + 1}", None, f"not UTF-8 text ({exc.reason})")
-                return
-            if not line:
+                data = fh.readline()
+            except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt .gz
+                raise SourceError(f"{path}: cannot read past line {line_no} ({exc})") from exc
+            if not data:
                 return
             line_no += 1
+            location, key = f"{path}:{line_no}", f"line{line_no}"
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield RawRow(location, key, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+                continue
             if not line.strip():
                 continue
-            location, key = f"{path}:{line_no}", f"line{line_no}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:

@@ -61,13 +61,15 @@ class ChatTokenizer:
     def tokenize(self, messages: Sequence[Message]) -> Tokenized:
         """Token ids of the whole conversation and its assistant-token mask."""
         full = self.render(messages, add_generation_prompt=False)
-        spans = self._assistant_spans(messages, full)
+        turns = self._assistant_renders(messages, full)
         if self.use_offsets:
-            return self._mask_by_offsets(full, spans)
-        return self._mask_by_tokens(messages, full)
+            return self._mask_by_offsets(full, [(len(before), len(after)) for before, after in turns])
+        return self._mask_by_tokens(full, turns)
 
-    def _assistant_spans(self, messages: Sequence[Message], full: str) -> list[tuple[int, int]]:
-        spans = []
+    def _assistant_renders(self, messages: Sequence[Message], full: str) -> list[tuple[str, str]]:
+        """For each assistant turn, the render before it (with the generation prompt) and the render
+        including it; checked to be prefixes of each other and of ``full``."""
+        turns = []
         for j, message in enumerate(messages):
             if message.role != "assistant":
                 continue
@@ -87,8 +89,8 @@ class ChatTokenizer:
                     f"chat template renders assistant message {j} as nothing: no assistant tokens "
                     "to supervise. Check the template (--chat-template FILE)."
                 )
-            spans.append((len(before), len(after)))
-        return spans
+            turns.append((before, after))
+        return turns
 
     def _mask_by_offsets(self, full: str, spans: list[tuple[int, int]]) -> Tokenized:
         enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -103,7 +105,7 @@ class ChatTokenizer:
         self._check_every_turn_masked(mask, len(spans))
         return Tokenized(ids, mask)
 
-    def _mask_by_tokens(self, messages: Sequence[Message], full: str) -> Tokenized:
+    def _mask_by_tokens(self, full: str, turns: list[tuple[str, str]]) -> Tokenized:
         """Slow-tokenizer fallback: compare the token sequences of the renders with the full one.
 
         The supervised run of a turn starts where the tokens of the prompt render stop agreeing with
@@ -112,17 +114,13 @@ class ChatTokenizer:
         """
         ids = self._encode(full)
         mask = [0] * len(ids)
-        turns = 0
-        for j, message in enumerate(messages):
-            if message.role != "assistant":
-                continue
-            start = _common_prefix(ids, self._encode(self.render(messages[:j], add_generation_prompt=True)))
-            end = _common_prefix(ids, self._encode(self.render(messages[: j + 1], add_generation_prompt=False)))
+        for j, (before, after) in enumerate(turns):
+            start = _common_prefix(ids, self._encode(before))
+            end = _common_prefix(ids, self._encode(after))
             if end <= start:
-                raise TemplateError(f"assistant message {j} adds no tokens to the conversation")
+                raise TemplateError(f"assistant turn {j} adds no tokens to the conversation")
             mask[start:end] = [1] * (end - start)
-            turns += 1
-        self._check_every_turn_masked(mask, turns)
+        self._check_every_turn_masked(mask, len(turns))
         return Tokenized(ids, mask)
 
     def _encode(self, text: str) -> list[int]:

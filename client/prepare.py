@@ -117,11 +117,10 @@ def prepare_dataset(
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
     vocab_size = int(cfg.get("vocab_size") or len(tokenizer))
     context = int(cfg.get("max_position_embeddings") or 0) or None
-    max_length = (
-        min(x for x in (config.max_length, context) if x is not None) if (config.max_length or context) else None
-    )
-    if max_length is None:
+    limits = [x for x in (config.max_length, context) if x]
+    if not limits:
         raise PrepareError("the model config has no max_position_embeddings; pass --max-length")
+    max_length = min(limits)
     if config.max_length and context and config.max_length > context:
         logger.warning("--max-length %d exceeds the model context %d; using %d", config.max_length, context, context)
     chat = ChatTokenizer(tokenizer, config.chat_template)
@@ -198,9 +197,9 @@ def _finish_row(
             stats.drop("no_assistant_tokens_after_truncation")
             return None
         stats.truncated += 1
-    if max(ids) >= vocab_size:
+    if (top := max(ids)) >= vocab_size:
         raise PrepareError(
-            f"{result.location}: the tokenizer produced token id {max(ids)}, outside the model's "
+            f"{result.location}: the tokenizer produced token id {top}, outside the model's "
             f"vocabulary of {vocab_size}; tokenizer and model do not match"
         )
     source = result.location if result.source_id is None else f"{result.location} (id={result.source_id})"

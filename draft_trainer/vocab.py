@@ -70,15 +70,22 @@ def count_assistant_tokens(prepared_dir: str | Path) -> np.ndarray:
     """(V,) int64 occurrence counts of supervised token ids, streamed over the prepared samples."""
     meta = read_meta(prepared_dir)
     counts = np.zeros(meta.vocab_size, dtype=np.int64)
-    pending: list[int] = []
+    pending_ids: list[int] = []
+    pending_mask: list[int] = []
     for sample in iter_prepared(prepared_dir, vocab_size=meta.vocab_size):
-        pending.extend(t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m)
-        if len(pending) >= _FLUSH_TOKENS:
-            counts += np.bincount(np.asarray(pending, dtype=np.int64), minlength=meta.vocab_size)
-            pending.clear()
-    if pending:
-        counts += np.bincount(np.asarray(pending, dtype=np.int64), minlength=meta.vocab_size)
+        pending_ids += sample.input_ids
+        pending_mask += sample.loss_mask
+        if len(pending_ids) >= _FLUSH_TOKENS:
+            counts += _count(pending_ids, pending_mask, meta.vocab_size)
+            pending_ids.clear()
+            pending_mask.clear()
+    counts += _count(pending_ids, pending_mask, meta.vocab_size)
     return counts
+
+
+def _count(ids: list[int], mask: list[int], vocab_size: int) -> np.ndarray:
+    supervised = np.asarray(ids, dtype=np.int64)[np.asarray(mask, dtype=bool)]
+    return np.bincount(supervised, minlength=vocab_size)
 
 
 def select_ids(counts: np.ndarray, k: int) -> np.ndarray:
@@ -98,17 +105,21 @@ def coverage(counts: np.ndarray, target_ids: np.ndarray) -> float:
     return float(counts[target_ids].sum()) / total if total else 0.0
 
 
+def check_sizes(draft_vocab_size: int, target_vocab_size: int) -> None:
+    if draft_vocab_size < 1:
+        raise VocabError(f"draft vocab size must be >= 1, got {draft_vocab_size}")
+    if draft_vocab_size > target_vocab_size:
+        raise VocabError(
+            f"draft vocab size {draft_vocab_size} is larger than the target vocabulary ({target_vocab_size} "
+            f"tokens); use --draft-vocab-size {target_vocab_size} or less"
+        )
+
+
 def build_draft_vocab(counts: np.ndarray, draft_vocab_size: int, *, source: str = "") -> tuple[DraftVocab, VocabStats]:
     """Build ``d2t``/``t2d`` from assistant-token ``counts`` (shape (V,))."""
     counts = np.asarray(counts, dtype=np.int64)
     v, k = int(counts.shape[0]), int(draft_vocab_size)
-    if k < 1:
-        raise VocabError(f"draft vocab size must be >= 1, got {k}")
-    if k > v:
-        raise VocabError(
-            f"draft vocab size {k} is larger than the target vocabulary ({v} tokens); "
-            f"use --draft-vocab-size {v} or less"
-        )
+    check_sizes(k, v)
     total = int(counts.sum())
     if total == 0:
         raise VocabError("no assistant tokens were found: the loss masks are all zero")
@@ -124,10 +135,18 @@ def build_draft_vocab(counts: np.ndarray, draft_vocab_size: int, *, source: str 
         distinct_assistant_tokens=distinct,
         padded_ids=max(0, k - distinct),
         coverage=coverage(counts, chosen),
-        coverage_at={str(n): coverage(counts, select_ids(counts, n)) for n in _REPORT_SIZES if n <= v},
+        coverage_at=_coverage_by_size(counts, v),
         source=source,
     )
     return DraftVocab(d2t=d2t, t2d=t2d), stats
+
+
+def _coverage_by_size(counts: np.ndarray, v: int) -> dict[str, float]:
+    """Coverage of the top-n draft vocab for the report sizes: one sort, not one per size (padding
+    ids have count 0, so the top-n counts alone give the coverage)."""
+    cumulative = np.cumsum(np.sort(counts)[::-1])  # (V,)
+    total = int(cumulative[-1])
+    return {str(n): float(cumulative[n - 1]) / total for n in _REPORT_SIZES if n <= v}
 
 
 def save_vocab(vocab: DraftVocab, stats: VocabStats, counts: np.ndarray, out_dir: str | Path) -> Path:
@@ -159,8 +178,7 @@ def load_vocab(vocab_dir: str | Path) -> DraftVocab:
 def make_vocab(prepared_dir: str | Path, out_dir: str | Path, draft_vocab_size: int) -> VocabStats:
     """Count, select and save: the whole ``eagle3 vocab`` step."""
     target_vocab_size = read_meta(prepared_dir).vocab_size
-    if draft_vocab_size > target_vocab_size or draft_vocab_size < 1:  # fail before reading the data
-        build_draft_vocab(np.ones(target_vocab_size, dtype=np.int64), draft_vocab_size)
+    check_sizes(draft_vocab_size, target_vocab_size)  # before reading the data
     counts = count_assistant_tokens(prepared_dir)
     vocab, stats = build_draft_vocab(counts, draft_vocab_size, source=str(prepared_dir))
     save_vocab(vocab, stats, counts, out_dir)

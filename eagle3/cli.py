@@ -35,7 +35,7 @@ USER_ERRORS = (
     TemplateError,
     VocabError,
     WorkerError,
-    FileNotFoundError,
+    OSError,  # unreadable input, unwritable output directory, ...
 )
 
 
@@ -45,10 +45,6 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
     def unknown_options(self, extras: list[str]) -> NoReturn:
         known = [s for a in self._actions for s in a.option_strings]
@@ -100,9 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     _reject_unknown_options(parser, argv)
-    args, extras = parser.parse_known_args(argv)
-    if extras:
-        _subcommands(parser)[args.command].unknown_options(extras)
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -109,6 +109,7 @@ def ensure_embedded_model() -> Path:
         if (target / _SOURCE_FILE).is_file():  # another process finished while we waited
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache must be readable by others
         try:
             _convert_gguf(source, tmp)
             if target.exists():  # a stale, incomplete directory from an older layout

@@ -50,10 +50,11 @@ class PreparedSample:
                 f"sample {self.sample_id!r}: {len(self.input_ids)} input_ids but "
                 f"{len(self.loss_mask)} loss_mask entries"
             )
-        if 1 not in self.loss_mask:
-            raise PreparedFormatError(f"sample {self.sample_id!r}: loss_mask has no assistant token")
-        if not set(self.loss_mask) <= {0, 1}:
+        values = set(self.loss_mask)
+        if not values <= {0, 1}:
             raise PreparedFormatError(f"sample {self.sample_id!r}: loss_mask holds values other than 0/1")
+        if 1 not in values:
+            raise PreparedFormatError(f"sample {self.sample_id!r}: loss_mask has no assistant token")
 
     @property
     def n_tokens(self) -> int:
@@ -146,10 +147,9 @@ def iter_prepared(prepared_dir: str | Path, *, vocab_size: int | None = None) ->
                 sample = PreparedSample.from_json(line)
             except (json.JSONDecodeError, PreparedFormatError, TypeError) as exc:
                 raise PreparedFormatError(f"{path}:{line_no}: {exc}") from exc
-            if vocab_size is not None:
-                bad = [t for t in sample.input_ids if not 0 <= t < vocab_size]
-                if bad:
-                    raise PreparedFormatError(
-                        f"{path}:{line_no}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
-                    )
+            if vocab_size is not None and not (min(sample.input_ids) >= 0 and max(sample.input_ids) < vocab_size):
+                bad = next(t for t in sample.input_ids if not 0 <= t < vocab_size)
+                raise PreparedFormatError(
+                    f"{path}:{line_no}: token id {bad} is outside the vocabulary [0, {vocab_size})"
+                )
             yield sample

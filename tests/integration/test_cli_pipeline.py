@@ -80,3 +80,14 @@ def test_vocab_larger_than_target_vocab_is_refused(prepared, tmp_path):
     assert proc.returncode == 1
     assert "draft vocab size 50000 is larger than the target vocabulary (49152 tokens)" in proc.stderr
     assert not (tmp_path / "vocab.safetensors").exists()
+
+
+def test_an_output_path_that_cannot_be_created_is_one_line_not_a_traceback(tmp_path, capsys):
+    from eagle3.cli import main
+
+    (tmp_path / "in.jsonl").write_text('{"prompt": "a", "response": "b"}\n')
+    (tmp_path / "blocker").write_text("a file, not a directory")
+    code = main(["prepare", "--input", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "blocker" / "out")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("eagle3 prepare: error: ") and "blocker" in err and "Traceback" not in err

@@ -114,3 +114,23 @@ def test_builtin_chatterbot_alternates_roles_and_ends_on_assistant():
         assert roles[::2] == ["user"] * len(roles[::2])
         assert roles[1::2] == ["assistant"] * len(roles[1::2])
         assert roles[-1] == "assistant"
+
+
+def test_a_bad_utf8_line_costs_only_that_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    good = json.dumps({"prompt": "a", "response": "b"}).encode()
+    path.write_bytes(good + b"\n" + b'{"prompt": "\xff"}\n' + good + b"\n")
+    rows = list(iter_rows(str(path)))
+    assert [r.location for r in rows] == [f"{path}:1", f"{path}:2", f"{path}:3"]
+    assert rows[1].row is None and "not UTF-8 text (invalid start byte at byte 12)" in (rows[1].error or "")
+    assert rows[2].row == {"prompt": "a", "response": "b"}
+
+
+def test_truncated_gzip_names_the_file_and_line(tmp_path):
+    path = tmp_path / "d.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        for i in range(2000):
+            fh.write(json.dumps({"prompt": f"q{i}", "response": "r" * 50}) + "\n")
+    path.write_bytes(path.read_bytes()[:-400])  # as if the writer crashed
+    with pytest.raises(SourceError, match=r"d\.jsonl\.gz: cannot read past line \d+"):
+        list(iter_rows(str(path)))
