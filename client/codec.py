@@ -1,0 +1,138 @@
+"""DATA-frame payloads: safetensors blobs, optionally byte-plane shuffled, zstd-compressed.
+
+The server builds one safetensors blob per sample chunk (``hidden_states`` BF16 ``[n, L, H]``,
+``input_ids`` I32 ``[n]``, ``loss_mask`` U8 ``[n]``); ``encode_payload`` compresses it for the wire and
+``decode_payload`` restores the exact bytes. Byte-plane shuffle (``zstd+shuffle``) stores all even
+bytes, then all odd bytes: for bf16 that puts the sign/exponent bytes (about 3 bits of entropy) apart
+from the near-random mantissa bytes, which is what lets zstd find the redundancy.
+
+safetensors is parsed and built here without torch (numpy has no bfloat16, so BF16 data is handled as
+raw bytes / uint16), so the light SDK can write shards and notebooks can read them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from client.protocol.frames import Codec, ProtocolError
+
+DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1, "U16": 2, "I16": 2}
+NUMPY_DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "I64": np.int64, "I32": np.int32,
+                "U8": np.uint8, "BOOL": np.bool_, "U16": np.uint16, "I16": np.int16}  # fmt: skip
+MAX_SAFETENSORS_HEADER_BYTES = 100 << 20
+
+
+def shuffle_planes(blob: bytes | memoryview) -> bytes:
+    """Even bytes then odd bytes. An odd-length blob keeps its last byte at the end."""
+    data = np.frombuffer(blob, dtype=np.uint8)
+    n_pairs = data.size // 2
+    pairs = data[: 2 * n_pairs].view(np.uint16)
+    out = np.empty(data.size, dtype=np.uint8)
+    np.bitwise_and(pairs, 0xFF, out=out[:n_pairs], casting="unsafe")  # little-endian: even byte = low byte
+    np.right_shift(pairs, 8, out=out[n_pairs : 2 * n_pairs], casting="unsafe")
+    out[2 * n_pairs :] = data[2 * n_pairs :]
+    return out.tobytes()
+
+
+def unshuffle_planes(data: bytes | memoryview) -> bytes:
+    planes = np.frombuffer(data, dtype=np.uint8)
+    n_pairs = planes.size // 2
+    out = np.empty(planes.size, dtype=np.uint8)
+    pairs = out[: 2 * n_pairs].reshape(n_pairs, 2)
+    pairs[:, 0] = planes[:n_pairs]
+    pairs[:, 1] = planes[n_pairs : 2 * n_pairs]
+    out[2 * n_pairs :] = planes[2 * n_pairs :]
+    return out.tobytes()
+
+
+def encode_payload(blob: bytes, codec: Codec, level: int = 1, threads: int = 0) -> bytes:
+    if codec == Codec.NONE:
+        return blob
+    data = shuffle_planes(blob) if codec == Codec.ZSTD_SHUFFLE else blob
+    compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True, threads=threads)
+    return compressor.compress(data)
+
+
+def decode_payload(payload: bytes, codec: Codec, raw_bytes: int) -> bytes:
+    """Inverse of ``encode_payload``. ``raw_bytes`` (from the frame meta) bounds the decompressed size."""
+    if codec == Codec.NONE:
+        if len(payload) != raw_bytes:
+            raise ProtocolError(f"payload is {len(payload)} bytes, meta says {raw_bytes}")
+        return payload
+    try:
+        size = zstandard.frame_content_size(payload)
+        if size != raw_bytes:
+            raise ProtocolError(f"zstd frame declares {size} bytes, meta says {raw_bytes}")
+        data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_bytes)
+    except zstandard.ZstdError as exc:
+        raise ProtocolError(f"payload does not decompress: {exc}") from None
+    if len(data) != raw_bytes:
+        raise ProtocolError(f"payload decompressed to {len(data)} bytes, meta says {raw_bytes}")
+    return unshuffle_planes(data) if codec == Codec.ZSTD_SHUFFLE else data
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    dtype: str  # safetensors dtype name: "BF16", "I32", ...
+    shape: tuple[int, ...]
+    data: memoryview  # exactly prod(shape) * itemsize bytes
+
+    def numpy(self) -> np.ndarray[Any, Any]:
+        """A zero-copy view (BF16 comes back as uint16 bit patterns; see ``bf16_to_float32``)."""
+        return np.frombuffer(self.data, dtype=NUMPY_DTYPES[self.dtype]).reshape(self.shape)
+
+
+def bf16_to_float32(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Exact widening of bf16 bit patterns (uint16) to float32."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def parse_safetensors(blob: bytes | memoryview) -> tuple[dict[str, RawTensor], dict[str, str]]:
+    """Tensors (zero-copy views into ``blob``) and ``__metadata__``; every offset is bounds-checked."""
+    view = memoryview(blob)
+    if len(view) < 8:
+        raise ProtocolError("safetensors blob shorter than its 8-byte header length")
+    (header_len,) = struct.unpack_from("<Q", view, 0)
+    if header_len > min(MAX_SAFETENSORS_HEADER_BYTES, len(view) - 8):
+        raise ProtocolError(f"safetensors header length {header_len} out of bounds")
+    try:
+        header = json.loads(bytes(view[8 : 8 + header_len]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"safetensors header is not JSON: {exc}") from None
+    metadata = header.pop("__metadata__", None) or {}
+    data = view[8 + header_len :]
+    tensors: dict[str, RawTensor] = {}
+    for name, spec in header.items():
+        try:
+            dtype, shape, (start, end) = spec["dtype"], tuple(int(d) for d in spec["shape"]), spec["data_offsets"]
+            expected = DTYPE_SIZES[dtype] * int(np.prod(shape, dtype=np.int64))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"safetensors tensor {name!r}: bad header entry ({exc})") from None
+        if not 0 <= start <= end <= len(data) or end - start != expected:
+            raise ProtocolError(f"safetensors tensor {name!r}: offsets {start}:{end} do not fit shape {shape}")
+        tensors[name] = RawTensor(dtype, shape, data[start:end])
+    return tensors, dict(metadata)
+
+
+def build_safetensors(
+    tensors: dict[str, RawTensor], metadata: dict[str, str] | None = None
+) -> list[bytes | memoryview]:
+    """A safetensors file as a list of byte chunks (write them in order; nothing is concatenated)."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, tensor in tensors.items():
+        header[name] = {
+            "dtype": tensor.dtype,
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(tensor.data)],
+        }
+        offset += len(tensor.data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned, as safetensors writes it
+    return [struct.pack("<Q", len(encoded)), encoded, *(t.data for t in tensors.values())]

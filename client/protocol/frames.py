@@ -1,0 +1,167 @@
+"""The ``/v1/extract`` response stream: self-delimiting binary frames (sans-IO, stdlib only).
+
+A stream is ``Frame*``: HEADER first, then DATA / SAMPLE_ERROR / HEARTBEAT frames in any order,
+and END or ERROR last. A stream that stops without END or ERROR is truncated (retryable).
+Every frame is a 32-byte little-endian fixed header, ``meta_len`` bytes of UTF-8 JSON, then
+``payload_len`` bytes of payload::
+
+    offset size field
+    0      4    magic        b"E3F" + protocol version byte (0x01)
+    4      1    type         FrameType
+    5      1    codec        Codec of the payload (NONE for frames without payload)
+    6      2    flags        reserved, 0
+    8      4    seq          u32, 0 for HEADER, +1 per frame
+    12     4    meta_len     u32, <= MAX_META_BYTES
+    16     8    payload_len  u64, <= the decoder's max_payload_bytes
+    24     4    crc32        zlib.crc32 over meta || payload, as sent on the wire
+    28     4    reserved     0
+
+Invariants enforced by ``FrameDecoder`` *before* it allocates or parses anything: magic and version,
+known type and codec, ``seq`` strictly +1, both lengths within bounds; then the checksum. The payload
+codec (zstd, byte-plane shuffle) lives in ``client.codec``: this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+MAGIC = b"E3F" + bytes([PROTOCOL_VERSION])
+CONTENT_TYPE = "application/x-eagle3-frames; version=1"
+FIXED_HEADER = struct.Struct("<4sBBHIIQII")  # magic type codec flags seq meta_len payload_len crc32 reserved
+FIXED_HEADER_BYTES = FIXED_HEADER.size  # 32
+MAX_META_BYTES = 1 << 20  # 1 MiB of JSON
+DEFAULT_MAX_PAYLOAD_BYTES = 256 << 20  # 256 MiB per frame (the server chunks longer samples)
+
+
+class FrameType(enum.IntEnum):
+    HEADER = 1  # meta: StreamHeader fields; no payload
+    DATA = 2  # meta: {sample_id, sample_index, token_start, token_end, n_tokens, final, raw_bytes}
+    HEARTBEAT = 3  # meta: {} ; sent while the request waits or computes
+    ERROR = 4  # meta: {error: {type, message, retryable, ...}, completed_sample_ids}; terminal
+    END = 5  # meta: {n_frames, n_samples, n_failed, n_tokens, payload_bytes, raw_bytes}; terminal
+    SAMPLE_ERROR = 6  # meta: {sample_id, sample_index, error: {type, message, retryable}}; not terminal
+
+
+TERMINAL = frozenset({FrameType.END, FrameType.ERROR})
+
+
+class Codec(enum.IntEnum):
+    NONE = 0  # payload is the raw safetensors blob
+    ZSTD = 1  # one zstd frame (content size + checksum) of the blob
+    ZSTD_SHUFFLE = 2  # blob split into even-byte plane || odd-byte plane, then zstd
+
+
+CODEC_NAMES = {"none": Codec.NONE, "zstd": Codec.ZSTD, "zstd+shuffle": Codec.ZSTD_SHUFFLE}
+
+
+class ProtocolError(Exception):
+    """The byte stream is not a valid frame stream (never retry against the same server blindly)."""
+
+
+class TruncatedStreamError(ProtocolError):
+    """The stream ended inside a frame or before its END/ERROR frame (retryable)."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    type: FrameType
+    seq: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    payload: bytes = b""
+    codec: Codec = Codec.NONE
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """Serialize one frame (header + meta + payload) into a single bytes object."""
+    meta = json.dumps(frame.meta, separators=(",", ":")).encode()
+    if len(meta) > MAX_META_BYTES:
+        raise ProtocolError(f"frame meta is {len(meta)} bytes, over the {MAX_META_BYTES} limit")
+    crc = zlib.crc32(frame.payload, zlib.crc32(meta))
+    head = FIXED_HEADER.pack(MAGIC, frame.type, frame.codec, 0, frame.seq, len(meta), len(frame.payload), crc, 0)
+    return b"".join((head, meta, frame.payload))
+
+
+class FrameDecoder:
+    """Incremental parser: ``feed(chunk)`` returns the frames completed so far; ``close()`` at EOF.
+
+    Chunk boundaries are arbitrary (HTTP chunks do not align with frames). Bounds are checked on the
+    fixed header before the body is buffered, so a corrupt length cannot make it allocate gigabytes.
+    """
+
+    def __init__(self, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        self.max_payload_bytes = max_payload_bytes
+        self._buf = bytearray()
+        self._next_seq = 0
+        self._pending: tuple[int, int, int, int, int, int] | None = None  # type codec seq meta_len payload_len crc
+        self.finished = False  # a terminal frame was seen
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> list[Frame]:
+        if chunk and self.finished:
+            raise ProtocolError("bytes after the terminal frame")
+        self._buf += chunk
+        frames: list[Frame] = []
+        offset = 0
+        while True:
+            if self._pending is None:
+                if len(self._buf) - offset < FIXED_HEADER_BYTES:
+                    break
+                self._pending = self._parse_header(offset)
+                offset += FIXED_HEADER_BYTES
+            ftype, codec, seq, meta_len, payload_len, crc = self._pending
+            if len(self._buf) - offset < meta_len + payload_len:
+                break
+            meta_bytes = bytes(self._buf[offset : offset + meta_len])
+            payload = bytes(self._buf[offset + meta_len : offset + meta_len + payload_len])
+            offset += meta_len + payload_len
+            self._pending = None
+            if zlib.crc32(payload, zlib.crc32(meta_bytes)) != crc:
+                raise ProtocolError(f"frame {seq}: checksum mismatch")
+            try:
+                meta = json.loads(meta_bytes) if meta_bytes else {}
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ProtocolError(f"frame {seq}: meta is not JSON ({exc})") from None
+            if not isinstance(meta, dict):
+                raise ProtocolError(f"frame {seq}: meta is not a JSON object")
+            frame = Frame(FrameType(ftype), seq, meta, payload, Codec(codec))
+            frames.append(frame)
+            if frame.type in TERMINAL:
+                self.finished = True
+                if offset != len(self._buf):
+                    raise ProtocolError("bytes after the terminal frame")
+                break
+        del self._buf[:offset]
+        return frames
+
+    def close(self) -> None:
+        """Call at end of stream: raises TruncatedStreamError unless a terminal frame closed it cleanly."""
+        if self._buf or self._pending is not None:
+            raise TruncatedStreamError("stream ended inside a frame")
+        if not self.finished:
+            raise TruncatedStreamError("stream ended without an END or ERROR frame")
+
+    def _parse_header(self, offset: int) -> tuple[int, int, int, int, int, int]:
+        magic, ftype, codec, _flags, seq, meta_len, payload_len, crc, _ = FIXED_HEADER.unpack_from(self._buf, offset)
+        if magic[:3] != MAGIC[:3]:
+            raise ProtocolError(f"bad frame magic {magic!r} (not an eagle3 frame stream)")
+        if magic[3] != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {magic[3]} not supported (this client speaks {PROTOCOL_VERSION})")
+        if ftype not in FrameType.__members__.values():
+            raise ProtocolError(f"frame {seq}: unknown frame type {ftype}")
+        if codec not in Codec.__members__.values():
+            raise ProtocolError(f"frame {seq}: unknown codec {codec}")
+        if seq != self._next_seq:
+            raise ProtocolError(f"frame sequence jumped from {self._next_seq - 1} to {seq}")
+        if seq == 0 and ftype not in (FrameType.HEADER, FrameType.ERROR):
+            raise ProtocolError(f"first frame is {FrameType(ftype).name}, expected HEADER")
+        if meta_len > MAX_META_BYTES:
+            raise ProtocolError(f"frame {seq}: meta length {meta_len} over the {MAX_META_BYTES} limit")
+        if payload_len > self.max_payload_bytes:
+            raise ProtocolError(f"frame {seq}: payload length {payload_len} over the {self.max_payload_bytes} limit")
+        self._next_seq += 1
+        return ftype, codec, seq, meta_len, payload_len, crc

@@ -1,0 +1,99 @@
+"""The backend contract: what the scheduler needs from an engine, and nothing more.
+
+A backend owns the verifier. The server constructs it from ``BackendConfig``, calls ``load`` once in
+a background thread (reporting progress for ``/readyz``), then calls ``extract`` from one worker
+thread with batches the scheduler packed under the token budget. ``extract`` never sees padding, HTTP
+or tenants; the scheduler never sees torch modules.
+
+Invariants every backend keeps (tests/integration/test_backend_parity.py holds each one):
+
+* Layer semantics are vLLM's (DESIGN.md §3.1). For ``aux_layer_ids = (a, b, c)`` and ``N`` decoder
+  layers, ``extract`` returns per sample a tensor ``[n_tokens, len(aux) + 1, hidden]`` whose slot j
+  is the residual stream entering decoder layer ``aux[j]`` (HF ``hidden_states[aux[j]]``) and whose
+  last slot is the output of decoder layer ``N - 1`` before the final norm.
+* Batched equals single: a sample's states do not depend on what it was batched with.
+* Returned tensors are on CPU, contiguous, in ``BackendInfo.dtype``; one per input, in input order.
+* ``extract`` raises ``BackendError`` for an engine failure; input validation (ids in range, length
+  within context) happens before the scheduler, so a backend may assume valid input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+ProgressCallback = Callable[[str, float], None]  # (phase, fraction in [0, 1])
+
+
+class BackendError(RuntimeError):
+    """The engine failed on a batch (not the caller's fault)."""
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    model: str  # a local HF directory or the embedded default's name (eagle3.models.resolve_model_dir)
+    aux_layer_ids: tuple[int, ...] | None = None  # None: (2, N // 2, N - 3)
+    dtype: str = "bfloat16"  # "bfloat16" | "float32"
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    max_batch_tokens: int = 8192  # the most tokens one extract() call receives
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    tensor_parallel_size: int = 1  # vllm only
+    extra: dict[str, str] = field(default_factory=dict)  # backend-specific knobs (documented per backend)
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    model_id: str
+    revision: str  # sha256 over the checkpoint's config.json and weight index/file names+sizes
+    model_dir: str
+    num_hidden_layers: int  # N
+    hidden_size: int
+    vocab_size: int  # embedding rows: valid ids are [0, vocab_size)
+    max_model_len: int
+    dtype: str
+    aux_layer_ids: tuple[int, ...]
+    tokenizer_sha256: str
+    backend: str  # "hf" | "vllm"
+    device: str
+
+    @property
+    def final_layer_id(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def n_layers_out(self) -> int:
+        return len(self.aux_layer_ids) + 1
+
+
+def default_aux_layer_ids(num_hidden_layers: int) -> tuple[int, ...]:
+    n = num_hidden_layers
+    return (2, n // 2, n - 3)
+
+
+def check_aux_layer_ids(ids: Sequence[int], num_hidden_layers: int) -> tuple[int, ...]:
+    out = tuple(int(i) for i in ids)
+    if not out or any(not 0 <= i < num_hidden_layers for i in out):
+        raise ValueError(f"aux layer ids {list(out)} must be non-empty and in [0, {num_hidden_layers})")
+    if len(set(out)) != len(out):
+        raise ValueError(f"aux layer ids {list(out)} repeat")
+    return out
+
+
+class Backend(Protocol):
+    name: str
+
+    def load(self, progress: ProgressCallback) -> BackendInfo:
+        """Load the verifier and warm it up; called once, off the event loop."""
+        ...
+
+    def extract(self, batch: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Hidden states per sample: ``[n_tokens, len(aux) + 1, hidden]`` each, CPU, ``info.dtype``."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (processes, memory). Idempotent."""
+        ...
