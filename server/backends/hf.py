@@ -1,0 +1,157 @@
+"""The transformers backend: the verifier's base model (no lm_head), CPU here and CUDA when present.
+
+Layer taps follow ``server/backends/base.py``: aux id ``k`` is the residual stream entering decoder
+layer ``k`` (HF ``output_hidden_states[k]``), captured by a forward hook on the module that produces
+it (``embed_tokens`` for ``k = 0``, decoder layer ``k - 1`` otherwise), and the final state is the
+output of the last decoder layer before the final norm. Hooks keep only the tapped layers alive,
+instead of all ``N + 1`` states that ``output_hidden_states=True`` would hold.
+
+Batching: on CPU each sequence runs through its own forward call (no padding; faster than padded or
+packed rows there, research/env-feasibility.md). On CUDA, sequences of equal length share one call
+(no padding either, so batched states equal single ones up to kernel choice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from client.prepare import tokenizer_sha256
+from eagle3.models import resolve_model_dir
+from server.backends.base import (
+    BackendConfig,
+    BackendError,
+    BackendInfo,
+    ProgressCallback,
+    check_aux_layer_ids,
+    default_aux_layer_ids,
+)
+
+logger = logging.getLogger(__name__)
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+
+
+def checkpoint_revision(model_dir: Path) -> str:
+    """sha256 over config.json and the weight files' names and sizes (cheap: no weight bytes read)."""
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
+            digest.update(f"\0{path.name}\0{path.stat().st_size}".encode())
+    return digest.hexdigest()
+
+
+class HfBackend:
+    name = "hf"
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.model: Any = None
+        self.info: BackendInfo | None = None
+        self._taps: dict[int, torch.Tensor] = {}  # module slot -> its output for the current call
+        self._hooks: list[Any] = []
+
+    def load(self, progress: ProgressCallback) -> BackendInfo:
+        from transformers import AutoConfig, AutoModel
+
+        started = time.monotonic()
+        progress("resolving model", 0.0)
+        model_dir = resolve_model_dir(self.config.model)
+        device = self.config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise BackendError("--device cuda but torch sees no CUDA device")
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        n_layers = int(hf_config.num_hidden_layers)
+        aux = check_aux_layer_ids(self.config.aux_layer_ids or default_aux_layer_ids(n_layers), n_layers)
+        progress("loading weights", 0.1)
+        model = AutoModel.from_pretrained(model_dir, dtype=DTYPES[self.config.dtype])  # base model: no lm_head
+        self.model = model.to(device).eval().requires_grad_(False)
+        self.device = torch.device(device)
+        self._install_hooks(aux, n_layers)
+        max_len = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
+        max_model_len = self.config.max_model_len or max_len
+        if max_len and max_model_len > max_len:
+            raise BackendError(f"--max-model-len {max_model_len} exceeds the model's {max_len}")
+        self.info = BackendInfo(
+            model_id=os.path.basename(os.path.normpath(model_dir)),
+            revision=checkpoint_revision(model_dir),
+            model_dir=str(model_dir),
+            num_hidden_layers=n_layers,
+            hidden_size=int(hf_config.hidden_size),
+            vocab_size=int(self.model.get_input_embeddings().weight.shape[0]),
+            max_model_len=max_model_len,
+            dtype=self.config.dtype,
+            aux_layer_ids=aux,
+            tokenizer_sha256=tokenizer_sha256(model_dir),
+            backend=self.name,
+            device=device,
+        )
+        progress("warming up", 0.9)
+        self.extract([[0] * min(8, max_model_len)])
+        progress("ready", 1.0)
+        logger.info("hf backend: %s on %s (%s) loaded in %.1f s", model_dir, device, self.config.dtype,
+                    time.monotonic() - started)  # fmt: skip
+        return self.info
+
+    def _install_hooks(self, aux: tuple[int, ...], n_layers: int) -> None:
+        """Slot j of the output comes from ``self._taps[j]``; the last slot is layer N-1's output."""
+        layers = self.model.layers
+        sources = [self.model.get_input_embeddings() if k == 0 else layers[k - 1] for k in aux]
+        sources.append(layers[n_layers - 1])
+        for slot, module in enumerate(sources):
+            self._hooks.append(module.register_forward_hook(self._make_hook(slot)))
+
+    def _make_hook(self, slot: int) -> Any:
+        def hook(_module: Any, _args: Any, output: Any) -> None:
+            self._taps[slot] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    @torch.inference_mode()
+    def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` [B, T] -> [B, T, len(aux) + 1, H] (B sequences of equal length T, no padding)."""
+        assert self.info is not None
+        self._taps.clear()
+        self.model(input_ids=input_ids, use_cache=False)
+        states = [self._taps[slot] for slot in range(self.info.n_layers_out)]  # each [B, T, H]
+        self._taps.clear()
+        return torch.stack(states, dim=2)  # [B, T, L+1, H]
+
+    def extract(self, batch: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        if self.model is None:
+            raise BackendError("backend not loaded")
+        out: list[torch.Tensor | None] = [None] * len(batch)
+        if self.device.type == "cpu":
+            groups = [[i] for i in range(len(batch))]
+        else:
+            by_len: dict[int, list[int]] = defaultdict(list)
+            for i, ids in enumerate(batch):
+                by_len[len(ids)].append(i)
+            groups = list(by_len.values())
+        try:
+            for group in groups:
+                ids = torch.tensor([list(batch[i]) for i in group], dtype=torch.long, device=self.device)  # [B, T]
+                states = self._forward(ids).cpu()  # [B, T, L+1, H]
+                for row, i in enumerate(group):
+                    out[i] = states[row].contiguous()  # [T, L+1, H]
+        except (RuntimeError, ValueError, IndexError) as exc:
+            raise BackendError(f"forward pass failed: {exc}") from exc
+        return [t for t in out if t is not None]
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

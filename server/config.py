@@ -1,0 +1,89 @@
+"""``ServerSettings``: every ``eagle3 serve`` flag in one dataclass (the CLI only fills it in)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3.models import DEFAULT_MODEL
+
+
+class SettingsError(ValueError):
+    """A serve flag or the API keys file is invalid (a one-line CLI error)."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model: str = DEFAULT_MODEL
+    backend: str = "auto"  # auto | hf | vllm
+    host: str = "127.0.0.1"
+    port: int = 8000
+    aux_layer_ids: tuple[int, ...] | None = None  # None: (2, N // 2, N - 3)
+    dtype: str = "bfloat16"
+    device: str = "auto"
+    tensor_parallel_size: int = 1
+    max_batch_tokens: int = 8192  # tokens per forward pass
+    max_model_len: int | None = None  # None: the model's own
+    max_inflight_tokens: int = 1 << 21  # admitted and not yet streamed out, all tenants
+    max_tenant_inflight_tokens: int = 1 << 19  # the same, per tenant (over it: 429)
+    max_request_tokens: int = 1 << 18  # one request (over it: 400)
+    max_body_bytes: int = 64 << 20
+    max_payload_bytes: int = 64 << 20  # raw bytes per DATA frame; longer samples are split by tokens
+    api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant name
+    drain_timeout_s: float = 30.0
+    heartbeat_s: float = 10.0
+    log_level: str = "info"
+    default_codec: str = "zstd+shuffle"
+    stream_chunk_bytes: int = 2 << 20  # bytes per HTTP body write (research: 1-4 MB is fastest)
+
+    def __post_init__(self) -> None:
+        positive = ("max_batch_tokens", "max_inflight_tokens", "max_tenant_inflight_tokens", "max_request_tokens",
+                    "max_body_bytes", "max_payload_bytes", "tensor_parallel_size", "stream_chunk_bytes")  # fmt: skip
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.heartbeat_s <= 0 or self.drain_timeout_s < 0:
+            raise SettingsError("--heartbeat-s must be > 0 and --drain-timeout-s >= 0")
+        if self.backend not in ("auto", "hf", "vllm"):
+            raise SettingsError(f"--backend must be auto, hf or vllm, got {self.backend!r}")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise SettingsError(f"--dtype must be bfloat16 or float32, got {self.dtype!r}")
+
+    @property
+    def request_token_cap(self) -> int:
+        """The most tokens one request may carry: it must also fit the in-flight quotas, else it could
+        never be admitted (a 400, not an endless 429)."""
+        return min(self.max_request_tokens, self.max_tenant_inflight_tokens, self.max_inflight_tokens)
+
+
+def parse_api_keys(keys: list[str], keys_file: str | None) -> dict[str, str]:
+    """``--api-key`` values (tenants ``key-1``, ``key-2``, ...) plus ``--api-keys-file`` entries
+    (lines ``tenant: key`` or a JSON object ``{tenant: key}``) -> ``{key: tenant}``."""
+    out: dict[str, str] = {}
+    pairs = [(f"key-{i}", key) for i, key in enumerate(keys, start=1)]
+    if keys_file:
+        text = Path(keys_file).read_text(encoding="utf-8")
+        if text.lstrip().startswith("{"):
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"{keys_file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+            if not isinstance(obj, dict) or not all(isinstance(v, str) for v in obj.values()):
+                raise SettingsError(f"{keys_file}: expected a JSON object {{tenant: key}}")
+            pairs += [(str(t), k) for t, k in obj.items()]
+        else:
+            for lineno, line in enumerate(text.splitlines(), start=1):
+                if not line.strip() or line.lstrip().startswith("#"):
+                    continue
+                tenant, sep, key = line.partition(":")
+                if not sep or not tenant.strip() or not key.strip():
+                    raise SettingsError(f"{keys_file}:{lineno}: expected 'tenant: key'")
+                pairs.append((tenant.strip(), key.strip()))
+    for tenant, key in pairs:
+        if not key:
+            raise SettingsError(f"API key for tenant {tenant!r} is empty")
+        if key in out and out[key] != tenant:
+            raise SettingsError(f"the same API key is given to tenants {out[key]!r} and {tenant!r}")
+        out[key] = tenant
+    return out

@@ -1,0 +1,118 @@
+"""A live ``eagle3 serve`` subprocess for end-to-end tests (importable by any e2e test).
+
+``LiveServer(args, api_keys=...)`` starts the server on a free port, ``wait_ready()`` polls /readyz,
+``stop()`` sends SIGTERM and waits; ``rss_bytes()`` reads the process's resident memory. The log
+(stderr + stdout) goes to a file so a failing test can show it. ``tiny_llama_dir`` saves a tiny
+random Llama (with SmolLM2's tokenizer when given) for tests where the model does not matter.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def tiny_llama_dir(root: Path, tokenizer_from: Path | None = None, n_layers: int = 8) -> Path:
+    """A random bf16 Llama (hidden 64, ``n_layers`` layers) saved to ``root``. With ``tokenizer_from``
+    its tokenizer files are copied in and the vocab matches them (so chat messages work)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab_size = 512
+    if tokenizer_from is not None:
+        from transformers import AutoTokenizer
+
+        vocab_size = len(AutoTokenizer.from_pretrained(str(tokenizer_from)))
+        for name in TOKENIZER_FILES:
+            if (tokenizer_from / name).is_file():
+                shutil.copy(tokenizer_from / name, root / name)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(root)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LiveServer:
+    def __init__(self, args: list[str], log_path: Path, api_keys: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.keys = dict(api_keys or {})  # tenant -> key
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "eagle3", "serve", "--port", str(self.port), *args]
+        for key in self.keys.values():
+            cmd += ["--api-key", key]
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+        self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+
+    def headers(self, tenant: str | None = None) -> dict[str, str]:
+        key = self.keys[tenant] if tenant else next(iter(self.keys.values()), None)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.log()}")
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS line")
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples as ``{'name{labels}': value}``."""
+        text = httpx.get(f"{self.url}/metrics", headers=self.headers(), timeout=10.0).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return int(self.process.returncode)
+
+    def __enter__(self) -> LiveServer:
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,88 @@
+"""The hf backend's features equal plain transformers for the same tokens, alone and packed.
+
+Reference: ``AutoModelForCausalLM`` with ``output_hidden_states=True`` (aux id k = ``hidden_states[k]``)
+and a forward hook on the last decoder layer (the final state before the norm). fp32 must be bitwise
+equal; bf16 within bf16 rounding. "Packed" goes through the scheduler's batch path: one
+``extract`` call with samples of different lengths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from server.backends import BackendConfig, make_backend
+from server.backends.hf import HfBackend
+from tests.e2e.live_server import tiny_llama_dir
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama_dir(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def reference_states(model_dir: Path, dtype: torch.dtype, aux: tuple[int, ...], ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    captured: list[torch.Tensor] = []
+    last = model.model.layers[-1]
+    hook = last.register_forward_hook(lambda _m, _a, out: captured.append(out[0] if isinstance(out, tuple) else out))
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    hook.remove()
+    taps = [out.hidden_states[k][0] for k in aux] + [captured[0][0]]  # each [T, H]
+    return torch.stack(taps, dim=1)  # [T, L+1, H]
+
+
+def sequences(vocab_size: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in (13, 5, 21, 1)]
+
+
+def load(model_dir: Path, dtype: str) -> HfBackend:
+    backend = make_backend("hf", BackendConfig(model=str(model_dir), dtype=dtype, device="cpu"))
+    assert isinstance(backend, HfBackend)
+    backend.load(lambda _phase, _fraction: None)
+    return backend
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_hf_backend_matches_transformers(which: str, dtype: str, tiny_dir: Path, smollm2_dir: Path) -> None:
+    model_dir = tiny_dir if which == "tiny" else smollm2_dir
+    backend = load(model_dir, dtype)
+    info = backend.info
+    assert info is not None and info.final_layer_id == info.num_hidden_layers
+    n = info.num_hidden_layers
+    assert info.aux_layer_ids == (2, n // 2, n - 3)
+    seqs = sequences(info.vocab_size)
+    torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+    alone = [backend.extract([s])[0] for s in seqs]
+    packed = backend.extract(seqs)  # one call, different lengths: the scheduler's batch path
+    for seq, single, batched in zip(seqs, alone, packed, strict=True):
+        ref = reference_states(model_dir, torch_dtype, info.aux_layer_ids, seq)
+        assert single.shape == (len(seq), len(info.aux_layer_ids) + 1, info.hidden_size)
+        assert single.dtype == torch_dtype and batched.dtype == torch_dtype
+        assert torch.equal(single, batched), "batched differs from single"
+        if dtype == "float32":
+            assert torch.equal(single, ref)
+        else:
+            torch.testing.assert_close(single.float(), ref.float(), rtol=2**-7, atol=1e-5)
+    # the final state is pre-norm: it must differ from HF's normed hidden_states[N]
+    assert not torch.allclose(alone[0][:, -1], reference_final_normed(model_dir, torch_dtype, seqs[0]))
+    backend.close()
+
+
+def reference_final_normed(model_dir: Path, dtype: torch.dtype, ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModel
+
+    model: Any = AutoModel.from_pretrained(model_dir, dtype=dtype).eval()
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return out.hidden_states[-1][0]
