@@ -1,0 +1,317 @@
+"""Admission and token-budgeted scheduling of samples from every active request onto one backend.
+
+* Admission reserves a request's tokens against a per-tenant and a global in-flight budget (tokens
+  admitted and not yet streamed out): over the tenant's quota is a 429, a full server a 503.
+* One worker thread packs samples into ``extract`` calls of at most ``max_batch_tokens`` tokens (a
+  sample alone over the budget runs alone), taking turns across tenants by tokens served: the tenant
+  with the fewest served tokens goes next (a tenant that becomes active starts level with the least
+  served active one, so it neither banks idle time nor pays for old work).
+* Each request has a bounded output buffer (``max_buffered_tokens`` of finished, unstreamed states);
+  while it is full the request's samples are not scheduled, so a slow reader pauses only itself.
+* ``close`` (called exactly once per request, from the stream's ``finally``) drops the request's
+  remaining work and returns whatever budget it still holds; releases never exceed the reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+ExtractFn = Callable[[Sequence[Sequence[int]]], Sequence[Any]]
+
+
+class AdmissionError(Exception):
+    """Refused before any work: maps to an HTTP error (429 rate_limited, 503 unavailable)."""
+
+    def __init__(self, status: int, type_: str, reason: str, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.status, self.type, self.reason, self.retry_after_s = status, type_, reason, retry_after_s
+
+
+@dataclass(frozen=True)
+class Sample:
+    index: int  # position in the request
+    sample_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Result:
+    sample: Sample
+    states: Any = None  # torch.Tensor [n_tokens, L+1, H] on success
+    error: dict[str, Any] | None = None  # {type, message, retryable} on failure
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    tenant: str
+    samples: list[Sample]
+    lock: threading.Lock
+    loop: asyncio.AbstractEventLoop
+    pending: deque[Sample] = field(default_factory=deque)  # not yet handed to the backend
+    results: deque[Result] = field(default_factory=deque)  # finished, not yet taken by the stream
+    outstanding_tokens: int = 0  # running or buffered (the output queue's fill)
+    released_tokens: int = 0
+    closed: bool = False
+    abort_error: dict[str, Any] | None = None  # set by abort_all: the stream ends with ERROR
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.samples)
+
+    def notify(self) -> None:
+        self.loop.call_soon_threadsafe(self.event.set)
+
+    async def next_results(self, timeout_s: float) -> list[Result]:
+        """Everything finished so far; waits up to ``timeout_s`` when nothing is (an empty list then)."""
+        with self.lock:
+            ready = bool(self.results) or self.abort_error is not None
+            if not ready:
+                self.event.clear()
+        if not ready:
+            try:
+                await asyncio.wait_for(self.event.wait(), timeout_s)
+            except TimeoutError:
+                pass
+        with self.lock:
+            out = list(self.results)
+            self.results.clear()
+        return out
+
+
+class Scheduler:
+    def __init__(
+        self,
+        extract: ExtractFn,
+        *,
+        max_batch_tokens: int,
+        max_inflight_tokens: int,
+        max_tenant_inflight_tokens: int,
+        max_buffered_tokens: int | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.extract = extract
+        self.max_batch_tokens = max_batch_tokens
+        self.max_inflight_tokens = max_inflight_tokens
+        self.max_tenant_inflight_tokens = max_tenant_inflight_tokens
+        self.max_buffered_tokens = max_buffered_tokens or max_batch_tokens
+        self.metrics = metrics or Metrics()
+        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # guards requests' result queues (shared with each Request)
+        self._requests: list[Request] = []  # admitted, not closed; FIFO
+        self._served: dict[str, int] = {}  # tenant -> tokens scheduled (fairness clock)
+        self.inflight_tokens = 0
+        self.tenant_inflight: dict[str, int] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.throughput_tok_s = 0.0  # EWMA, for Retry-After
+
+    # ---- admission (event loop) ----
+
+    def submit(self, request_id: str, tenant: str, samples: list[Sample]) -> Request:
+        n_tokens = sum(s.n_tokens for s in samples)
+        with self._cond:
+            tenant_now = self.tenant_inflight.get(tenant, 0)
+            if tenant_now + n_tokens > self.max_tenant_inflight_tokens:
+                self.metrics.inc("eagle3_rejections_total", reason="tenant_quota")
+                raise AdmissionError(429, "rate_limited", "tenant_quota",
+                                     f"tenant {tenant!r} has {tenant_now} tokens in flight; {n_tokens} more would "
+                                     f"exceed its quota of {self.max_tenant_inflight_tokens}",
+                                     self._retry_after_s(tenant_now + n_tokens - self.max_tenant_inflight_tokens))  # fmt: skip
+            if self.inflight_tokens + n_tokens > self.max_inflight_tokens:
+                self.metrics.inc("eagle3_rejections_total", reason="overloaded")
+                raise AdmissionError(503, "unavailable", "overloaded",
+                                     f"server has {self.inflight_tokens} tokens in flight; {n_tokens} more would "
+                                     f"exceed {self.max_inflight_tokens}",
+                                     self._retry_after_s(self.inflight_tokens + n_tokens - self.max_inflight_tokens))  # fmt: skip
+            req = Request(request_id, tenant, samples, self._lock, asyncio.get_running_loop())
+            req.pending.extend(samples)
+            if not self._tenant_active(tenant):
+                others = [self._served[t] for t in self._active_tenants()]
+                self._served[tenant] = min(others) if others else self._served.get(tenant, 0)
+            self._requests.append(req)
+            self.inflight_tokens += n_tokens
+            self.tenant_inflight[tenant] = tenant_now + n_tokens
+            self.metrics.inc("eagle3_requests_total")
+            self._cond.notify_all()
+        return req
+
+    def _retry_after_s(self, excess_tokens: int) -> int:
+        rate = self.throughput_tok_s or 1000.0
+        return max(1, min(60, math.ceil(excess_tokens / rate)))
+
+    # ---- the stream's side (event loop) ----
+
+    def consumed(self, req: Request, result: Result) -> None:
+        """The stream took ``result`` off the request's buffer: room for more of its samples."""
+        with self._cond:
+            req.outstanding_tokens -= result.sample.n_tokens
+            self._cond.notify_all()
+
+    def release(self, req: Request, n_tokens: int) -> None:
+        """Return up to ``n_tokens`` of ``req``'s reservation (never more than it holds)."""
+        with self._cond:
+            amount = max(0, min(n_tokens, req.n_tokens - req.released_tokens))
+            if not amount:
+                return
+            req.released_tokens += amount
+            self.inflight_tokens -= amount
+            self.tenant_inflight[req.tenant] -= amount
+            if not self.tenant_inflight[req.tenant]:
+                del self.tenant_inflight[req.tenant]
+
+    def close(self, req: Request) -> None:
+        """End of the stream (complete, failed or disconnected): drop remaining work, return budget."""
+        with self._cond:
+            if req.closed:
+                return
+            req.closed = True
+            if req.released_tokens < req.n_tokens and req.abort_error is None:
+                self.metrics.inc("eagle3_cancellations_total")
+            req.pending.clear()
+            self._requests.remove(req)
+            self._cond.notify_all()
+        self.release(req, req.n_tokens)
+
+    def abort_all(self, error: dict[str, Any]) -> None:
+        """Every open request's stream ends with an ERROR frame carrying ``error`` (drain timeout)."""
+        with self._cond:
+            for req in self._requests:
+                req.abort_error = error
+                req.pending.clear()
+                req.notify()
+
+    # ---- gauges ----
+
+    @property
+    def n_requests(self) -> int:
+        return len(self._requests)
+
+    def queue_depth(self) -> dict[str, int]:
+        """Samples waiting for the backend, per tenant."""
+        with self._cond:
+            out: dict[str, int] = {}
+            for req in self._requests:
+                out[req.tenant] = out.get(req.tenant, 0) + len(req.pending)
+            return out
+
+    def gauges(self) -> Iterator[tuple[str, str, tuple[tuple[str, str], ...], float]]:
+        yield "eagle3_inflight_tokens", "Tokens admitted and not yet streamed out", (), self.inflight_tokens
+        for tenant, n in sorted(dict(self.tenant_inflight).items()):
+            yield "eagle3_tenant_inflight_tokens", "In-flight tokens per tenant", (("tenant", tenant),), n
+        yield "eagle3_active_requests", "Open extract streams", (), self.n_requests
+        for tenant, n in sorted(self.queue_depth().items()):
+            yield "eagle3_queue_samples", "Samples waiting for the backend per tenant", (("tenant", tenant),), n
+
+    # ---- the worker thread ----
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="eagle3-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _active_tenants(self) -> set[str]:
+        return {r.tenant for r in self._requests if r.pending}
+
+    def _tenant_active(self, tenant: str) -> bool:
+        return any(r.tenant == tenant and r.pending for r in self._requests)
+
+    def _schedulable(self, req: Request) -> bool:
+        if not req.pending or req.closed:
+            return False
+        need = req.pending[0].n_tokens
+        return req.outstanding_tokens == 0 or req.outstanding_tokens + need <= self.max_buffered_tokens
+
+    def pick_batch(self) -> list[tuple[Request, Sample]]:
+        """Fill one forward pass (call with the condition held): least-served tenant first."""
+        batch: list[tuple[Request, Sample]] = []
+        n_tokens = 0
+        skipped: set[str] = set()
+        while n_tokens < self.max_batch_tokens:
+            heads: dict[str, Request] = {}
+            for req in self._requests:  # FIFO within a tenant
+                if req.tenant not in skipped and req.tenant not in heads and self._schedulable(req):
+                    heads[req.tenant] = req
+            if not heads:
+                break
+            tenant = min(heads, key=lambda t: self._served.get(t, 0))
+            req = heads[tenant]
+            sample = req.pending[0]
+            if batch and n_tokens + sample.n_tokens > self.max_batch_tokens:
+                skipped.add(tenant)
+                continue
+            req.pending.popleft()
+            req.outstanding_tokens += sample.n_tokens
+            self._served[tenant] = self._served.get(tenant, 0) + sample.n_tokens
+            n_tokens += sample.n_tokens
+            batch.append((req, sample))
+        return batch
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                batch = self.pick_batch()
+                while not batch and not self._stopping:
+                    self._cond.wait()
+                    batch = self.pick_batch()
+                if self._stopping:
+                    return
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[tuple[Request, Sample]]) -> None:
+        import time
+
+        started = time.monotonic()
+        outputs = self._extract_isolating([s for _, s in batch])
+        n_tokens = sum(s.n_tokens for _, s in batch)
+        elapsed_s = max(time.monotonic() - started, 1e-6)
+        self.throughput_tok_s = 0.8 * self.throughput_tok_s + 0.2 * n_tokens / elapsed_s if self.throughput_tok_s \
+            else n_tokens / elapsed_s  # fmt: skip
+        self.metrics.inc("eagle3_forward_passes_total")
+        self.metrics.observe_fill(n_tokens / self.max_batch_tokens)
+        with self._cond:
+            for (req, sample), (states, error) in zip(batch, outputs, strict=True):
+                if error is None:
+                    self.metrics.inc("eagle3_tokens_extracted_total", sample.n_tokens)
+                if req.closed or req.abort_error is not None:
+                    req.outstanding_tokens -= sample.n_tokens
+                    continue
+                with self._lock:
+                    req.results.append(Result(sample, states, error))
+                req.notify()
+
+    def _extract_isolating(self, samples: list[Sample]) -> list[tuple[Any, dict[str, Any] | None]]:
+        """States per sample; when a packed call fails, each sample is retried alone so only the
+        sample that fails gets an error."""
+        try:
+            states = list(self.extract([s.input_ids for s in samples]))
+            if len(states) != len(samples):
+                raise RuntimeError(f"backend returned {len(states)} results for {len(samples)} samples")
+            return [(t, None) for t in states]
+        except Exception as exc:  # the engine's failure must not kill the worker thread
+            if len(samples) > 1:
+                return [out for s in samples for out in self._extract_isolating([s])]
+            logger.exception("backend failed on sample %r", samples[0].sample_id)
+            return [(None, {"type": "backend_error", "message": str(exc)[:500], "retryable": True})]
