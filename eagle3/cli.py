@@ -26,11 +26,14 @@ from draft_trainer.vocab import VocabError
 from eagle3 import __version__
 from eagle3.demo import add_demo_command
 from eagle3.models import ModelNotFoundError
+from server.cli import add_serve_command
+from server.config import SettingsError
 
 USER_ERRORS = (
     ModelNotFoundError,
     PrepareError,
     PreparedFormatError,
+    SettingsError,
     SourceError,
     TemplateError,
     VocabError,
@@ -65,6 +68,7 @@ def build_parser() -> ArgumentParser:
     add_prepare_command(sub)
     add_vocab_command(sub)
     add_demo_command(sub)
+    add_serve_command(sub)
     return parser
 
 

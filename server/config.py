@@ -38,8 +38,16 @@ class ServerSettings:
     stream_chunk_bytes: int = 2 << 20  # bytes per HTTP body write (research: 1-4 MB is fastest)
 
     def __post_init__(self) -> None:
-        positive = ("max_batch_tokens", "max_inflight_tokens", "max_tenant_inflight_tokens", "max_request_tokens",
-                    "max_body_bytes", "max_payload_bytes", "tensor_parallel_size", "stream_chunk_bytes")  # fmt: skip
+        positive = (
+            "max_batch_tokens",
+            "max_inflight_tokens",
+            "max_tenant_inflight_tokens",
+            "max_request_tokens",
+            "max_body_bytes",
+            "max_payload_bytes",
+            "tensor_parallel_size",
+            "stream_chunk_bytes",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")

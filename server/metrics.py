@@ -68,13 +68,18 @@ class Metrics:
             lines += [f"# HELP {name} Tokens per forward pass over max_batch_tokens", f"# TYPE {name} histogram"]
             for bound, count in zip(FILL_BUCKETS, self._fill_counts, strict=True):
                 lines.append(_fmt(f"{name}_bucket", (("le", f"{bound:g}"),), count))
-            lines += [_fmt(f"{name}_bucket", (("le", "+Inf"),), self._fill_n),
-                      _fmt(f"{name}_sum", (), self._fill_sum), _fmt(f"{name}_count", (), self._fill_n)]  # fmt: skip
+            lines += [
+                _fmt(f"{name}_bucket", (("le", "+Inf"),), self._fill_n),
+                _fmt(f"{name}_sum", (), self._fill_sum),
+                _fmt(f"{name}_count", (), self._fill_n),
+            ]
             wire = self._counters["eagle3_stream_bytes_total"].get((("kind", "wire"),), 0.0)
             raw = self._counters["eagle3_stream_bytes_total"].get((("kind", "raw"),), 0.0)
-        gauges = [("eagle3_compression_ratio", "Raw over wire DATA bytes so far", (), raw / wire if wire else 0.0),
-                  ("eagle3_load_time_seconds", "Time the backend took to load and warm up", (), self.load_time_s),
-                  *self.gauges()]  # fmt: skip
+        gauges = [
+            ("eagle3_compression_ratio", "Raw over wire DATA bytes so far", (), raw / wire if wire else 0.0),
+            ("eagle3_load_time_seconds", "Time the backend took to load and warm up", (), self.load_time_s),
+            *self.gauges(),
+        ]
         seen: set[str] = set()
         for name, text, labels, value in gauges:
             if name not in seen:

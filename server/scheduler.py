@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
@@ -85,10 +86,8 @@ class Request:
             if not ready:
                 self.event.clear()
         if not ready:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.event.wait(), timeout_s)
-            except TimeoutError:
-                pass
         with self.lock:
             out = list(self.results)
             self.results.clear()
@@ -130,16 +129,24 @@ class Scheduler:
             tenant_now = self.tenant_inflight.get(tenant, 0)
             if tenant_now + n_tokens > self.max_tenant_inflight_tokens:
                 self.metrics.inc("eagle3_rejections_total", reason="tenant_quota")
-                raise AdmissionError(429, "rate_limited", "tenant_quota",
-                                     f"tenant {tenant!r} has {tenant_now} tokens in flight; {n_tokens} more would "
-                                     f"exceed its quota of {self.max_tenant_inflight_tokens}",
-                                     self._retry_after_s(tenant_now + n_tokens - self.max_tenant_inflight_tokens))  # fmt: skip
+                raise AdmissionError(
+                    429,
+                    "rate_limited",
+                    "tenant_quota",
+                    f"tenant {tenant!r} has {tenant_now} tokens in flight; {n_tokens} more would "
+                    f"exceed its quota of {self.max_tenant_inflight_tokens}",
+                    self._retry_after_s(tenant_now + n_tokens - self.max_tenant_inflight_tokens),
+                )
             if self.inflight_tokens + n_tokens > self.max_inflight_tokens:
                 self.metrics.inc("eagle3_rejections_total", reason="overloaded")
-                raise AdmissionError(503, "unavailable", "overloaded",
-                                     f"server has {self.inflight_tokens} tokens in flight; {n_tokens} more would "
-                                     f"exceed {self.max_inflight_tokens}",
-                                     self._retry_after_s(self.inflight_tokens + n_tokens - self.max_inflight_tokens))  # fmt: skip
+                raise AdmissionError(
+                    503,
+                    "unavailable",
+                    "overloaded",
+                    f"server has {self.inflight_tokens} tokens in flight; {n_tokens} more would "
+                    f"exceed {self.max_inflight_tokens}",
+                    self._retry_after_s(self.inflight_tokens + n_tokens - self.max_inflight_tokens),
+                )
             req = Request(request_id, tenant, samples, self._lock, asyncio.get_running_loop())
             req.pending.extend(samples)
             if not self._tenant_active(tenant):
@@ -287,8 +294,9 @@ class Scheduler:
         outputs = self._extract_isolating([s for _, s in batch])
         n_tokens = sum(s.n_tokens for _, s in batch)
         elapsed_s = max(time.monotonic() - started, 1e-6)
-        self.throughput_tok_s = 0.8 * self.throughput_tok_s + 0.2 * n_tokens / elapsed_s if self.throughput_tok_s \
-            else n_tokens / elapsed_s  # fmt: skip
+        self.throughput_tok_s = (
+            0.8 * self.throughput_tok_s + 0.2 * n_tokens / elapsed_s if self.throughput_tok_s else n_tokens / elapsed_s
+        )
         self.metrics.inc("eagle3_forward_passes_total")
         self.metrics.observe_fill(n_tokens / self.max_batch_tokens)
         with self._cond:

@@ -99,8 +99,13 @@ class HfBackend:
         progress("warming up", 0.9)
         self.extract([[0] * min(8, max_model_len)])
         progress("ready", 1.0)
-        logger.info("hf backend: %s on %s (%s) loaded in %.1f s", model_dir, device, self.config.dtype,
-                    time.monotonic() - started)  # fmt: skip
+        logger.info(
+            "hf backend: %s on %s (%s) loaded in %.1f s",
+            model_dir,
+            device,
+            self.config.dtype,
+            time.monotonic() - started,
+        )
         return self.info
 
     def _install_hooks(self, aux: tuple[int, ...], n_layers: int) -> None:
@@ -140,8 +145,8 @@ class HfBackend:
             groups = list(by_len.values())
         try:
             for group in groups:
-                ids = torch.tensor([list(batch[i]) for i in group], dtype=torch.long, device=self.device)  # [B, T]
-                states = self._forward(ids).cpu()  # [B, T, L+1, H]
+                rows = torch.tensor([list(batch[i]) for i in group], dtype=torch.long, device=self.device)  # [B, T]
+                states = self._forward(rows).cpu()  # [B, T, L+1, H]
                 for row, i in enumerate(group):
                     out[i] = states[row].contiguous()  # [T, L+1, H]
         except (RuntimeError, ValueError, IndexError) as exc:

@@ -39,9 +39,17 @@ def tiny_llama_dir(root: Path, tokenizer_from: Path | None = None, n_layers: int
             if (tokenizer_from / name).is_file():
                 shutil.copy(tokenizer_from / name, root / name)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(root)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    model: Any = LlamaForCausalLM(config)
+    model.to(torch.bfloat16).save_pretrained(root)
     return root
 
 

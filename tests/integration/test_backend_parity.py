@@ -85,4 +85,5 @@ def reference_final_normed(model_dir: Path, dtype: torch.dtype, ids: list[int]) 
     model: Any = AutoModel.from_pretrained(model_dir, dtype=dtype).eval()
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    return out.hidden_states[-1][0]
+    final: torch.Tensor = out.hidden_states[-1][0]
+    return final

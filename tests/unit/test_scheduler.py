@@ -39,7 +39,7 @@ def samples(tag: int, lengths: Sequence[int]) -> list[Sample]:
 
 def make(backend: FakeBackend, **kwargs: int) -> Scheduler:
     opts = {"max_batch_tokens": 40, "max_inflight_tokens": 100_000, "max_tenant_inflight_tokens": 50_000, **kwargs}
-    sched = Scheduler(backend.extract, **opts)
+    sched = Scheduler(backend.extract, **opts)  # type: ignore[arg-type]
     sched.start()
     return sched
 
@@ -170,7 +170,7 @@ def test_a_failing_sample_gets_an_error_and_its_batch_mates_succeed() -> None:
         backend.gate.clear()
         req = sched.submit("r", "t", samples(6, [5, 5, 5, 5]))
         backend.gate.set()
-        results = []
+        results: list[Any] = []
         while len(results) < 4:
             for r in await req.next_results(5.0):
                 results.append(r)
