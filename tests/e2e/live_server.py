@@ -15,10 +15,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
+
+from client.codec import decode_payload, parse_safetensors
+from client.protocol.frames import Frame, FrameDecoder, FrameType
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -66,8 +71,10 @@ class LiveServer:
         self.keys = dict(api_keys or {})  # tenant -> key
         self.log_path = log_path
         cmd = [sys.executable, "-m", "eagle3", "serve", "--port", str(self.port), *args]
-        for key in self.keys.values():
-            cmd += ["--api-key", key]
+        if self.keys:
+            keys_file = log_path.with_suffix(".keys")
+            keys_file.write_text("".join(f"{tenant}: {key}\n" for tenant, key in self.keys.items()))
+            cmd += ["--api-keys-file", str(keys_file)]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
@@ -124,3 +131,35 @@ class LiveServer:
 
     def __exit__(self, *_exc: Any) -> None:
         self.stop()
+
+
+def iter_frames(response: httpx.Response) -> Iterator[Frame]:
+    """Frames of a streamed ``/v1/extract`` response as they arrive (raises if truncated)."""
+    decoder = FrameDecoder()
+    chunks = [response.content] if response.is_stream_consumed else response.iter_raw()
+    for chunk in chunks:
+        yield from decoder.feed(chunk)
+    decoder.close()
+
+
+def assemble(frames: list[Frame]) -> dict[str, dict[str, np.ndarray[Any, Any]]]:
+    """DATA frames -> per sample id ``{hidden_states (uint16 bf16 bits), input_ids, loss_mask}``, chunks
+    concatenated in order (their token ranges checked to be contiguous)."""
+    parts: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
+    for frame in frames:
+        if frame.type != FrameType.DATA:
+            continue
+        blob = decode_payload(frame.payload, frame.codec, frame.meta["raw_bytes"])
+        tensors, _ = parse_safetensors(blob)
+        arrays = {name: t.numpy().copy() for name, t in tensors.items()}
+        parts.setdefault(frame.meta["sample_id"], []).append(
+            (frame.meta["token_start"], frame.meta["token_end"], arrays)
+        )
+    out = {}
+    for sample_id, chunks in parts.items():
+        position = 0
+        for start, end, _ in chunks:
+            assert start == position and end > start, f"{sample_id}: chunk {start}:{end} after {position}"
+            position = end
+        out[sample_id] = {k: np.concatenate([c[2][k] for c in chunks]) for k in chunks[0][2]}
+    return out
