@@ -12,7 +12,8 @@ The tree (catch the narrowest class you can handle)::
     │   │   ├── ServiceUnavailableError    503 unavailable: loading | draining | overloaded
     │   │   └── InternalServerError        500 and any other 5xx
     │   ├── APIConnectionError         no HTTP answer: refused, reset, DNS, ...
-    │   │   └── APITimeoutError            connect/read timeout (no frame or heartbeat in time)
+    │   │   ├── APITimeoutError            connect/read timeout (no frame or heartbeat in time)
+    │   │   └── NoServerAvailableError     extract_dataset: every server failed, retries spent
     │   └── StreamError                the 200 frame stream broke: truncated, bad checksum, bad frame,
     │                                  or a terminal ERROR frame from the server
     ├── InvalidSampleError             a sample given to the SDK is malformed (checked before sending)
@@ -104,6 +105,10 @@ class APIConnectionError(APIError):
 
 class APITimeoutError(APIConnectionError):
     """The server did not answer (or stopped streaming, heartbeats included) within ``timeout_s``."""
+
+
+class NoServerAvailableError(APIConnectionError):
+    """Every server of an ``extract_dataset`` run failed repeatedly; the work done so far is on disk."""
 
 
 class StreamError(APIError):

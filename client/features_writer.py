@@ -50,9 +50,9 @@ def bytes_per_token(meta: FeaturesMeta) -> int:
     return meta.n_layers_stored * meta.hidden_size * 2 + 4 + 1
 
 
-def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard_mb: int = DEFAULT_SHARD_MB) -> int:
+def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard_mb: float = DEFAULT_SHARD_MB) -> int:
     """Raise ``InsufficientDiskError`` unless the disk holds ``n_tokens`` more; returns the bytes needed."""
-    needed = n_tokens * bytes_per_token(meta) + DISK_OVERHEAD_BYTES + (shard_mb << 20)
+    needed = n_tokens * bytes_per_token(meta) + DISK_OVERHEAD_BYTES + int(shard_mb * (1 << 20))
     free = shutil.disk_usage(features_dir).free
     if free < needed:
         raise InsufficientDiskError(
@@ -65,10 +65,10 @@ def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard
 class FeaturesWriter:
     """``open`` a directory (new or partly filled), ``add`` samples, ``close``; ``done_ids`` to resume."""
 
-    def __init__(self, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: int = DEFAULT_SHARD_MB) -> None:
+    def __init__(self, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: float = DEFAULT_SHARD_MB) -> None:
         self.dir = Path(features_dir)
         self.meta = meta
-        self.shard_bytes = shard_mb << 20
+        self.shard_bytes = int(shard_mb * (1 << 20))
         self.records: list[ShardRecord] = []
         self.done_ids: set[str] = set()
         self.bytes_written = 0  # shard bytes written by this writer
@@ -78,7 +78,7 @@ class FeaturesWriter:
 
     @classmethod
     def open(
-        cls, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: int = DEFAULT_SHARD_MB, verify: bool = False
+        cls, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: float = DEFAULT_SHARD_MB, verify: bool = False
     ) -> FeaturesWriter:
         """Create the directory or resume it: check features.json, repair the manifest tail, drop orphans."""
         writer = cls(features_dir, meta, shard_mb=shard_mb)
@@ -266,9 +266,9 @@ def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
     return sha.hexdigest()
 
 
-def _raw(array: Any, dtype: str) -> Any:
+def _raw(array: Any, dtype: str) -> memoryview:
     """The array's bytes in ``dtype`` without a copy when it already is contiguous ``dtype``."""
-    return memoryview(np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8))
+    return np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8).data
 
 
 def _i64(values: list[int]) -> bytes:
