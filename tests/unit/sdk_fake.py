@@ -30,7 +30,8 @@ def expected_hidden(input_ids: list[int], n_layers: int = len(AUX) + 1, hidden: 
     prefix = np.cumsum(ids)[:, None, None]  # [n, 1, 1]
     grid = np.arange(n_layers * hidden, dtype=np.float32).reshape(1, n_layers, hidden)
     values = np.sin(prefix * 0.001 + grid * 0.37) * (1.0 + grid)  # [n, L, H]
-    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    bits: np.ndarray = (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return bits
 
 
 def tokenize_messages(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
@@ -45,9 +46,9 @@ def tokenize_messages(messages: list[dict[str, Any]]) -> tuple[list[int], list[i
 
 def blob(hidden: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> bytes:
     tensors = {
-        "hidden_states": RawTensor("BF16", tuple(hidden.shape), memoryview(np.ascontiguousarray(hidden)).cast("B")),
-        "input_ids": RawTensor("I32", tuple(ids.shape), memoryview(ids.astype(np.int32)).cast("B")),
-        "loss_mask": RawTensor("U8", tuple(mask.shape), memoryview(mask.astype(np.uint8)).cast("B")),
+        "hidden_states": RawTensor("BF16", tuple(hidden.shape), np.ascontiguousarray(hidden).data.cast("B")),
+        "input_ids": RawTensor("I32", tuple(ids.shape), ids.astype(np.int32).data.cast("B")),
+        "loss_mask": RawTensor("U8", tuple(mask.shape), mask.astype(np.uint8).data.cast("B")),
     }
     return b"".join(bytes(c) for c in build_safetensors(tensors))
 

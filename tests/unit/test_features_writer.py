@@ -30,7 +30,7 @@ def sample(i: int, n: int | None = None) -> ExtractedSample:
     )
 
 
-def write(out: Path, samples, shard_mb: int = 1) -> FeaturesWriter:
+def write(out: Path, samples: list[ExtractedSample], shard_mb: int = 1) -> FeaturesWriter:
     writer = FeaturesWriter.open(out, META, shard_mb=shard_mb)
     for s in samples:
         writer.add(s)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from client.sdk import ExtractionClient
 from tests.unit.sdk_fake import AUX, FINAL, HIDDEN, Call, FakeServer, expected_hidden, tokenize_messages
 
 
-def make_client(server: FakeServer, sleeps: list[float] | None = None, **kwargs) -> ExtractionClient:
+def make_client(server: FakeServer, sleeps: list[float] | None = None, **kwargs: Any) -> ExtractionClient:
     record = sleeps if sleeps is not None else []
     return ExtractionClient("http://fake:8000", transport=server.transport(), sleep=record.append, **kwargs)
 
