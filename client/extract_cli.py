@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def add_extract_command(sub: Any) -> None:
         "--request-tokens", type=positive_int, default=65536, help="tokens per request (default 65536, capped by "
         "the server's max_request_tokens)"
     )  # fmt: skip
-    p.add_argument("--shard-mb", type=positive_int, default=DEFAULT_SHARD_MB, help="shard size target (default 256)")
+    p.add_argument("--shard-mb", type=positive_float, default=DEFAULT_SHARD_MB, help="shard size target (default 256)")
     p.add_argument(
         "--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="failures in a row before a server is given up"
     )
@@ -77,6 +78,7 @@ def run_extract(args: argparse.Namespace) -> int:
         verify=args.verify,
         progress=False if args.no_progress else None,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         summary = extract_dataset(args.prepared, args.out, args.server, args.api_key, config)
