@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -42,13 +43,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def eagle3(*args: str, root: Path = REPO_ROOT, **kwargs) -> subprocess.Popen:
+def eagle3(*args: str, root: Path = REPO_ROOT, **kwargs: Any) -> subprocess.Popen[Any]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "eagle3", *args], env=env, cwd=root, **kwargs)
 
 
 @pytest.fixture(scope="module")
-def server_url(tmp_path_factory) -> Iterator[str]:
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not (SERVER_ROOT / "server" / "app.py").is_file():
         pytest.skip(f"no server package in {SERVER_ROOT}")
     port = free_port()
@@ -81,13 +82,13 @@ def server_url(tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("prep") / "prepared"
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out: Path = tmp_path_factory.mktemp("prep") / "prepared"
     prepare_dataset(["builtin:chatterbot"], out, config=PrepareConfig(limit=N_SAMPLES))
     return out
 
 
-def run_extract(prepared: Path, out: Path, *urls: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_extract(prepared: Path, out: Path, *urls: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     servers = [a for u in urls for a in ("--server", u)]
     args = ["extract", str(prepared), *servers, "--out", str(out), "--no-progress", *extra]
     proc = eagle3(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -96,9 +97,9 @@ def run_extract(prepared: Path, out: Path, *urls: str, extra: tuple[str, ...] = 
 
 
 @pytest.fixture(scope="module")
-def reference(server_url, prepared, tmp_path_factory) -> Path:
+def reference(server_url: str, prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An uninterrupted ``eagle3 extract`` run."""
-    out = tmp_path_factory.mktemp("ref") / "features"
+    out: Path = tmp_path_factory.mktemp("ref") / "features"
     result = run_extract(prepared, out, server_url)
     assert result.returncode == 0, result.stderr
     assert f"{N_SAMPLES} extracted, 0 already done, 0 failed" in result.stdout
