@@ -17,10 +17,13 @@ from typing import NoReturn
 
 from client.cli import add_prepare_command
 from client.conversations import SourceError
+from client.errors import Eagle3Error
+from client.extract_cli import add_extract_command
 from client.masking import TemplateError
 from client.prepare import PrepareError
 from client.prepare_workers import WorkerError
 from client.protocol import PreparedFormatError
+from client.protocol.features import FeaturesFormatError
 from draft_trainer.cli import add_vocab_command
 from draft_trainer.vocab import VocabError
 from eagle3 import __version__
@@ -30,6 +33,8 @@ from server.cli import add_serve_command
 from server.config import SettingsError
 
 USER_ERRORS = (
+    Eagle3Error,
+    FeaturesFormatError,
     ModelNotFoundError,
     PrepareError,
     PreparedFormatError,
@@ -67,6 +72,7 @@ def build_parser() -> ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=ArgumentParser)
     add_prepare_command(sub)
     add_vocab_command(sub)
+    add_extract_command(sub)
     add_demo_command(sub)
     add_serve_command(sub)
     return parser

@@ -1,0 +1,285 @@
+"""``extract_dataset``: a prepared dataset -> a features directory, from one or more servers, resumable.
+
+Order of work (nothing is requested before every check passed):
+
+1. ``/v1/info`` from the first server that answers; its tokenizer hash and vocab size must match the
+   prepared ``meta.json`` (a dataset tokenized for another model would train a useless draft).
+2. Open the features directory (``FeaturesWriter.open``): a new one gets ``features.json``; an old one
+   must hold the same model/revision/layers/hidden size, its torn manifest tail and orphans are
+   removed, and the sample ids already recorded are skipped.
+3. Scan the prepared samples still to do: token ids in range, no sample over the server's limits,
+   free disk for all of them.
+4. Workers (one per URL, ``client/extract_work.py``) stream batches of at most ``request_tokens``
+   tokens; the writer (this thread) appends shards as samples arrive.
+
+Ctrl-C (and SIGTERM under the CLI) stops the workers, writes the complete samples already received
+as a last shard, and leaves a directory that the same command resumes. A SIGKILL loses at most the
+samples of the shard being filled.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from client.errors import FeaturesWriteError, IncompatibleError, NoServerAvailableError, SampleFailure
+from client.extract_work import BatchSource, ByteBudget, ServerWorker, cut_batches
+from client.features_writer import DEFAULT_SHARD_MB, IDENTITY_FIELDS, FeaturesWriter, check_free_disk
+from client.progress import Progress
+from client.protocol.features import SHARDS_DIR, FeaturesMeta
+from client.protocol.prepared import SAMPLES_FILE, PreparedMeta, PreparedSample, iter_prepared, read_meta
+from client.sample import ExtractedSample
+from client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient, ServerInfo
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    codec: str | None = None  # None: the server's default_codec
+    request_tokens: int = 65536  # per /v1/extract request (capped by the server's max_request_tokens)
+    shard_mb: float = DEFAULT_SHARD_MB  # shard size target on disk
+    buffer_mb: int = 256  # decoded samples waiting for the writer (back-pressure beyond this)
+    max_retries: int = DEFAULT_MAX_RETRIES  # failures in a row before a server is given up
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    limit: int | None = None  # only the first N prepared samples
+    verify: bool = False  # sha256 of every recorded shard before resuming
+    check_disk: bool = True
+    wait_ready_s: float = 0.0  # wait this long for a loading server before failing
+    progress: bool | None = None  # None: when stderr is a terminal
+
+
+@dataclass
+class ExtractSummary:
+    out_dir: str
+    n_samples: int = 0  # written by this run
+    n_tokens: int = 0
+    n_skipped: int = 0  # already in the directory (resume)
+    n_failed: int = 0
+    failures: list[SampleFailure] = field(default_factory=list)  # the first 20
+    bytes_written: int = 0
+    bytes_on_disk: int = 0  # all shards of the directory
+    wire_bytes: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def format_text(self) -> str:
+        lines = [
+            f"samples   {self.n_samples} extracted, {self.n_skipped} already done, {self.n_failed} failed",
+            f"tokens    {self.n_tokens:,} in {self.wall_s:.1f} s ({self.tokens_per_s:,.0f} tokens/s)",
+            f"disk      {self.bytes_written / 1e6:,.1f} MB written, "
+            f"{self.bytes_on_disk / 1e6:,.1f} MB in {self.out_dir}",
+            f"wire      {self.wire_bytes / 1e6:,.1f} MB received"
+            + (f" ({self.wire_bytes / self.bytes_written:.2f} of disk)" if self.bytes_written else ""),
+        ]
+        lines += [f"failed    {f.sample_id}: {f.type}: {f.message}" for f in self.failures[:5]]
+        return "\n".join(lines)
+
+
+def features_meta(info: ServerInfo, prepared_dir: Path, n_samples_total: int) -> FeaturesMeta:
+    return FeaturesMeta(
+        model_id=info.model_id,
+        revision=info.revision,
+        aux_layer_ids=info.aux_layer_ids,
+        final_layer_id=info.final_layer_id,
+        hidden_size=info.hidden_size,
+        vocab_size=info.vocab_size,
+        dtype="bfloat16",
+        tokenizer_sha256=info.tokenizer_sha256,
+        prepared_dir=str(prepared_dir.resolve()),
+        n_samples_total=n_samples_total,
+    )
+
+
+def check_prepared(prepared: PreparedMeta, info: ServerInfo, prepared_dir: Path) -> None:
+    if prepared.tokenizer_sha256 != info.tokenizer_sha256:
+        raise IncompatibleError(
+            f"{prepared_dir} was tokenized with tokenizer {prepared.tokenizer_sha256[:12]} ({prepared.model}) but "
+            f"{info.url} serves {info.model_id} with tokenizer {info.tokenizer_sha256[:12]}; run eagle3 prepare "
+            "with the server's model"
+        )
+    if prepared.vocab_size != info.vocab_size:
+        raise IncompatibleError(
+            f"{prepared_dir} has vocab_size {prepared.vocab_size}, {info.url} has {info.vocab_size}"
+        )
+
+
+def extract_dataset(
+    prepared_dir: str | Path,
+    out_dir: str | Path,
+    urls: str | list[str],
+    api_key: str | None = None,
+    config: ExtractConfig | None = None,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ExtractSummary:
+    """Extract every sample of ``prepared_dir`` not yet in ``out_dir``; see the module docstring."""
+    config = config or ExtractConfig()
+    prepared_dir, out_dir = Path(prepared_dir), Path(out_dir)
+    url_list = [urls] if isinstance(urls, str) else list(urls)
+    started = time.monotonic()
+    prepared = read_meta(prepared_dir)
+
+    with ExtractionClient(url_list, api_key, timeout_s=config.timeout_s, max_retries=config.max_retries,
+                          transport=transport, sleep=sleep) as probe:  # fmt: skip
+        if config.wait_ready_s > 0:
+            probe.wait_until_ready(config.wait_ready_s)
+        info = probe.info()
+    check_prepared(prepared, info, prepared_dir)
+    meta = features_meta(info, prepared_dir, _count_lines(prepared_dir / SAMPLES_FILE, config.limit))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    writer = FeaturesWriter.open(out_dir, meta, shard_mb=config.shard_mb, verify=config.verify)
+
+    max_request_tokens = min(config.request_tokens, info.limit("max_request_tokens", config.request_tokens))
+    longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
+    n_todo, n_tokens_todo, n_skipped = 0, 0, 0
+    for index, sample in enumerate(iter_prepared(prepared_dir, vocab_size=info.vocab_size)):
+        if config.limit is not None and index >= config.limit:
+            break
+        if sample.sample_id in writer.done_ids:
+            n_skipped += 1
+            continue
+        if sample.n_tokens > longest:
+            raise IncompatibleError(
+                f"sample {sample.sample_id!r} ({sample.source}) has {sample.n_tokens} tokens, over the server's "
+                f"limit of {longest}; re-run eagle3 prepare with --max-length {longest}"
+            )
+        n_todo += 1
+        n_tokens_todo += sample.n_tokens
+    if config.check_disk and n_tokens_todo:
+        check_free_disk(out_dir, n_tokens_todo, meta, config.shard_mb)
+    logger.info("%d samples (%d tokens) to extract, %d already done", n_todo, n_tokens_todo, n_skipped)
+
+    summary = ExtractSummary(str(out_dir), n_skipped=n_skipped)
+    batches = cut_batches(
+        _todo(prepared_dir, config.limit, set(writer.done_ids)),
+        max_request_tokens,
+        info.limit("max_body_bytes", 1 << 40),
+    )
+    _run(writer, batches, url_list, api_key, config, meta, n_todo, n_tokens_todo, summary, transport, sleep)
+    summary.wall_s = time.monotonic() - started
+    summary.bytes_on_disk = sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir())
+    return summary
+
+
+def _run(
+    writer: FeaturesWriter,
+    batches: Iterator[list[PreparedSample]],
+    urls: list[str],
+    api_key: str | None,
+    config: ExtractConfig,
+    meta: FeaturesMeta,
+    n_todo: int,
+    n_tokens_todo: int,
+    summary: ExtractSummary,
+    transport: httpx.BaseTransport | None,
+    sleep: Callable[[float], None],
+) -> None:
+    source = BatchSource(batches)
+    results: queue.Queue[ExtractedSample | SampleFailure] = queue.Queue()
+    budget = ByteBudget(config.buffer_mb << 20)
+    stop = threading.Event()
+
+    def check_info(info: ServerInfo) -> None:
+        for name in IDENTITY_FIELDS:
+            if getattr(meta, name) != getattr(info, name):
+                raise IncompatibleError(
+                    f"{info.url} serves {name}={getattr(info, name)!r}, not {getattr(meta, name)!r}"
+                )
+
+    clients = [
+        ExtractionClient(url, api_key, timeout_s=config.timeout_s, max_retries=1, transport=transport, sleep=sleep)
+        for url in urls
+    ]
+    workers = [
+        ServerWorker(
+            c,
+            source,
+            results,
+            budget,
+            stop,
+            codec=config.codec,
+            max_failures=config.max_retries,
+            check_info=check_info,
+            sleep=sleep,
+        )  # fmt: skip
+        for c in clients
+    ]
+    progress = Progress(n_todo, n_tokens_todo, enabled=config.progress)
+    flush_on_exit = True
+    try:
+        for worker in workers:
+            worker.start()
+        while True:
+            try:
+                item = results.get(timeout=0.1)
+            except queue.Empty:
+                item = None
+            if isinstance(item, ExtractedSample):
+                writer.add(item)
+                budget.release(item.hidden_states_bf16.nbytes)
+                summary.n_samples += 1
+                summary.n_tokens += item.n_tokens
+                progress.update(1, item.n_tokens, sum(c.wire_bytes for c in clients))
+            elif item is not None:
+                summary.n_failed += 1
+                if len(summary.failures) < 20:
+                    summary.failures.append(item)
+                logger.warning("sample %r failed: %s: %s", item.sample_id, item.type, item.message)
+            if item is None:
+                fatal = next((w.fatal for w in workers if w.fatal is not None), None)
+                if fatal is not None:
+                    raise fatal
+                if source.finished and results.empty():
+                    break
+                if all(w.gave_up or not w.is_alive() for w in workers) and results.empty():
+                    errors = "; ".join(f"{w.client.url}: {w.last_error}" for w in workers)
+                    raise NoServerAvailableError(
+                        f"every server failed {config.max_retries + 1} times in a row ({errors})"
+                    )
+    except FeaturesWriteError:
+        flush_on_exit = False  # the disk is full: keep what the manifest has
+        raise
+    finally:
+        stop.set()
+        if flush_on_exit:
+            try:
+                writer.flush()  # complete samples received so far: on disk, not lost
+            except FeaturesWriteError as exc:
+                logger.error("%s", exc)
+        summary.bytes_written = writer.bytes_written
+        summary.wire_bytes = sum(c.wire_bytes for c in clients)
+        progress.close()
+        for worker in workers:
+            worker.join(timeout=2.0)
+        for c in clients:
+            c.close()
+
+
+def _todo(prepared_dir: Path, limit: int | None, done: set[str]) -> Iterator[PreparedSample]:
+    for index, sample in enumerate(iter_prepared(prepared_dir)):
+        if limit is not None and index >= limit:
+            return
+        if sample.sample_id not in done:
+            yield sample
+
+
+def _count_lines(path: Path, limit: int | None) -> int:
+    if not path.is_file():
+        next(iter_prepared(path.parent))  # raises its "not found (run eagle3 prepare)" error
+    n = 0
+    with open(path, "rb") as fh:
+        for line in fh:
+            n += bool(line.strip())
+    return n if limit is None else min(n, limit)

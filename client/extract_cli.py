@@ -1,0 +1,91 @@
+"""``eagle3 extract`` arguments and runner."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from client.extract import ExtractConfig, extract_dataset
+from client.features_writer import DEFAULT_SHARD_MB
+from client.protocol.frames import CODEC_NAMES
+from client.sdk import API_KEY_ENV, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S
+from eagle3.cli_args import positive_int
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def add_extract_command(sub: Any) -> None:
+    p = sub.add_parser(
+        "extract",
+        help="stream hidden states of a prepared dataset from extraction servers into a features directory",
+        description="Request the verifier's hidden states (aux layers + final pre-norm state) for every sample of "
+        "a prepared dataset from one or more `eagle3 serve` servers and write them as safetensors shards. "
+        "Rerunning the same command resumes: samples already in --out are skipped.",
+    )
+    p.add_argument("prepared", type=Path, metavar="PREPARED", help="directory written by eagle3 prepare")
+    p.add_argument(
+        "--server",
+        required=True,
+        action="append",
+        metavar="URL",
+        help="extraction server, e.g. http://gpu-node:8000; repeat for several (work is shared, a dead one skipped)",
+    )
+    p.add_argument("--out", required=True, type=Path, help="features directory (created, or resumed)")
+    p.add_argument("--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV})")
+    p.add_argument("--codec", choices=sorted(CODEC_NAMES), default=None, help="wire codec (default: the server's)")
+    p.add_argument(
+        "--request-tokens", type=positive_int, default=65536, help="tokens per request (default 65536, capped by "
+        "the server's max_request_tokens)"
+    )  # fmt: skip
+    p.add_argument("--shard-mb", type=positive_float, default=DEFAULT_SHARD_MB, help="shard size target (default 256)")
+    p.add_argument(
+        "--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="failures in a row before a server is given up"
+    )
+    p.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S, help="read timeout per request")
+    p.add_argument("--wait-ready-s", type=float, default=0.0, help="wait this long for a server still loading")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N prepared samples")
+    p.add_argument("--verify", action="store_true", help="check the sha256 of every shard already written first")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.set_defaults(func=run_extract)
+
+
+def _terminate(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # same path as Ctrl-C: flush what arrived, leave a resumable directory
+
+
+def run_extract(args: argparse.Namespace) -> int:
+    config = ExtractConfig(
+        codec=args.codec,
+        request_tokens=args.request_tokens,
+        shard_mb=args.shard_mb,
+        max_retries=max(0, args.max_retries),
+        timeout_s=args.timeout_s,
+        wait_ready_s=args.wait_ready_s,
+        limit=args.limit,
+        verify=args.verify,
+        progress=False if args.no_progress else None,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        summary = extract_dataset(args.prepared, args.out, args.server, args.api_key, config)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sys.stdout.write(f"extracted {args.prepared} -> {args.out}\n{summary.format_text()}\n")
+    if summary.n_failed:
+        sys.stderr.write(f"eagle3 extract: {summary.n_failed} samples failed (rerun to retry them)\n")
+        return 1
+    return 0

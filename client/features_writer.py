@@ -1,0 +1,300 @@
+"""Append samples to a features directory (``client/protocol/features.py``), crash-safe and resumable.
+
+Samples accumulate in one shard buffer (about ``shard_mb``; a single larger sample gets a shard of
+its own); a full buffer becomes ``shards/.<name>.<uuid>.tmp`` (safetensors via
+``client.codec.build_safetensors``), is fsynced, renamed to its final name, the directory fsynced,
+and only then one manifest line (with the file's sha256) is appended and fsynced. So at any instant
+the manifest lists complete shards only; what a crash leaves behind is an orphan file or a torn last
+manifest line, and ``open`` cleans both up. A full disk raises ``FeaturesWriteError`` with the
+manifest as it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from client.codec import RawTensor, build_safetensors
+from client.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from client.protocol.features import (
+    FEATURES_META_FILE,
+    MANIFEST_FILE,
+    SHARDS_DIR,
+    FeaturesFormatError,
+    FeaturesMeta,
+    ShardRecord,
+    iter_manifest,
+    read_features_meta,
+)
+from client.sample import ExtractedSample
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHARD_MB = 256
+# fields that must agree between an existing features.json and the server now filling it
+IDENTITY_FIELDS = ("model_id", "revision", "aux_layer_ids", "final_layer_id", "hidden_size", "tokenizer_sha256")
+DISK_OVERHEAD_BYTES = 64 << 20  # headers, manifest, one shard's .tmp slack
+
+
+def bytes_per_token(meta: FeaturesMeta) -> int:
+    """On-disk bytes per token: the bf16 states plus the int32 id and the uint8 mask."""
+    return meta.n_layers_stored * meta.hidden_size * 2 + 4 + 1
+
+
+def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard_mb: float = DEFAULT_SHARD_MB) -> int:
+    """Raise ``InsufficientDiskError`` unless the disk holds ``n_tokens`` more; returns the bytes needed."""
+    needed = n_tokens * bytes_per_token(meta) + DISK_OVERHEAD_BYTES + int(shard_mb * (1 << 20))
+    free = shutil.disk_usage(features_dir).free
+    if free < needed:
+        raise InsufficientDiskError(
+            f"{features_dir}: {n_tokens} tokens need about {needed / 1e9:.2f} GB "
+            f"({meta.n_layers_stored} layers x {meta.hidden_size} x bf16 per token), only {free / 1e9:.2f} GB free"
+        )
+    return needed
+
+
+class FeaturesWriter:
+    """``open`` a directory (new or partly filled), ``add`` samples, ``close``; ``done_ids`` to resume."""
+
+    def __init__(self, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: float = DEFAULT_SHARD_MB) -> None:
+        self.dir = Path(features_dir)
+        self.meta = meta
+        self.shard_bytes = int(shard_mb * (1 << 20))
+        self.records: list[ShardRecord] = []
+        self.done_ids: set[str] = set()
+        self.bytes_written = 0  # shard bytes written by this writer
+        self.n_samples_written = 0
+        self.n_tokens_written = 0
+        self._reset_buffer()
+
+    @classmethod
+    def open(
+        cls, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: float = DEFAULT_SHARD_MB, verify: bool = False
+    ) -> FeaturesWriter:
+        """Create the directory or resume it: check features.json, repair the manifest tail, drop orphans."""
+        writer = cls(features_dir, meta, shard_mb=shard_mb)
+        writer._prepare(verify)
+        return writer
+
+    # -- resume -----------------------------------------------------------------------------------
+
+    def _prepare(self, verify: bool) -> None:
+        shards = self.dir / SHARDS_DIR
+        try:
+            shards.mkdir(parents=True, exist_ok=True)
+            meta_path = self.dir / FEATURES_META_FILE
+            if meta_path.exists():
+                self._check_identity(read_features_meta(self.dir))
+            else:
+                _write_atomic(meta_path, self.meta.to_json() + "\n")
+            self._repair_manifest_tail()
+        except OSError as exc:
+            raise _write_error(exc, self.dir, "preparing the features directory") from None
+        self.records = list(iter_manifest(self.dir))
+        recorded = set()
+        for record in self.records:
+            path = shards / record.shard
+            if not path.is_file() or path.stat().st_size != record.bytes:
+                found = "missing" if not path.is_file() else f"{path.stat().st_size} bytes"
+                raise FeaturesFormatError(
+                    f"{path}: listed in {MANIFEST_FILE} with {record.bytes} bytes but {found}; "
+                    "the directory is damaged (move the shard back or start a new --out)"
+                )
+            if verify and sha256_file(path) != record.sha256:
+                raise FeaturesFormatError(f"{path}: sha256 differs from {MANIFEST_FILE} (corrupt shard)")
+            duplicate = self.done_ids.intersection(record.sample_ids)
+            if duplicate:
+                raise FeaturesFormatError(f"{MANIFEST_FILE}: sample {sorted(duplicate)[0]!r} recorded twice")
+            self.done_ids.update(record.sample_ids)
+            recorded.add(record.shard)
+        for path in shards.iterdir():
+            if path.name not in recorded:
+                logger.info("removing orphan %s (not in %s)", path, MANIFEST_FILE)
+                path.unlink()
+
+    def _check_identity(self, existing: FeaturesMeta) -> None:
+        for name in IDENTITY_FIELDS:
+            old, new = getattr(existing, name), getattr(self.meta, name)
+            if old != new:
+                raise IncompatibleError(
+                    f"{self.dir} holds features of {name}={old!r} but the server has {name}={new!r}; "
+                    "use a new --out directory or the server that made these features"
+                )
+
+    def _repair_manifest_tail(self) -> None:
+        """Cut a torn last line (a crash mid-append) so the next append starts on a fresh line."""
+        path = self.dir / MANIFEST_FILE
+        if not path.is_file():
+            return
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
+            with open(path, "r+b") as fh:
+                fh.truncate(keep)
+                os.fsync(fh.fileno())
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def _reset_buffer(self) -> None:
+        self._hidden = bytearray()
+        self._ids = bytearray()
+        self._mask = bytearray()
+        self._sample_ids: list[str] = []
+        self._n_tokens: list[int] = []
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._hidden) + len(self._ids) + len(self._mask)
+
+    def add(self, sample: ExtractedSample) -> None:
+        n, n_layers, hidden = sample.hidden_states_bf16.shape
+        if (n_layers, hidden) != (self.meta.n_layers_stored, self.meta.hidden_size):
+            raise IncompatibleError(
+                f"sample {sample.sample_id!r} has states [{n}, {n_layers}, {hidden}], this directory stores "
+                f"[n, {self.meta.n_layers_stored}, {self.meta.hidden_size}]"
+            )
+        if sample.sample_id in self.done_ids:
+            raise FeaturesFormatError(f"sample {sample.sample_id!r} is already in {self.dir}")
+        if self._sample_ids and self.buffered_bytes + n * bytes_per_token(self.meta) > self.shard_bytes:
+            self.flush()
+        self._hidden += _raw(sample.hidden_states_bf16, "<u2")
+        self._ids += _raw(sample.input_ids, "<i4")
+        self._mask += _raw(sample.loss_mask, "u1")
+        self._sample_ids.append(sample.sample_id)
+        self._n_tokens.append(n)
+        self.done_ids.add(sample.sample_id)
+        if self.buffered_bytes >= self.shard_bytes:
+            self.flush()
+
+    def flush(self) -> ShardRecord | None:
+        """Write the buffered samples as one shard and record it; nothing to do when empty."""
+        if not self._sample_ids:
+            return None
+        ids, n_tokens = self._sample_ids, self._n_tokens
+        total = sum(n_tokens)
+        offsets = [0]
+        for n in n_tokens:
+            offsets.append(offsets[-1] + n)
+        shape = (total, self.meta.n_layers_stored, self.meta.hidden_size)
+        tensors = {
+            "hidden_states": RawTensor("BF16", shape, memoryview(self._hidden)),  # [T, L, H]
+            "input_ids": RawTensor("I32", (total,), memoryview(self._ids)),  # [T]
+            "loss_mask": RawTensor("U8", (total,), memoryview(self._mask)),  # [T]
+            "sample_offsets": RawTensor("I64", (len(ids) + 1,), memoryview(_i64(offsets))),  # [n + 1]
+        }
+        metadata = {
+            "schema_version": str(self.meta.schema_version),
+            "sample_ids": json.dumps(ids),
+            "layer_ids": json.dumps(list(self.meta.aux_layer_ids)),
+            "final_norm_applied": "false",
+        }
+        name = f"shard-{len(self.records):06d}-{uuid.uuid4().hex[:12]}.safetensors"
+        size, digest = self._write_shard(name, build_safetensors(tensors, metadata))
+        record = ShardRecord(
+            name, tuple(ids), tuple(n_tokens), size, digest, self.meta.model_id, self.meta.aux_layer_ids
+        )
+        self._append_manifest(record)
+        self.records.append(record)
+        self.bytes_written += size
+        self.n_samples_written += len(ids)
+        self.n_tokens_written += total
+        self._reset_buffer()
+        return record
+
+    def _write_shard(self, name: str, chunks: list[bytes | memoryview]) -> tuple[int, str]:
+        final = self.dir / SHARDS_DIR / name
+        tmp = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.tmp")
+        sha = hashlib.sha256()
+        size = 0
+        try:
+            with open(tmp, "wb") as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+                    sha.update(chunk)
+                    size += len(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise _write_error(exc, self.dir, f"writing shard {name}", len(self.records)) from None
+        return size, sha.hexdigest()
+
+    def _append_manifest(self, record: ShardRecord) -> None:
+        path = self.dir / MANIFEST_FILE
+        size_before = path.stat().st_size if path.exists() else 0
+        try:
+            with open(path, "ab") as fh:
+                fh.write(record.to_line().encode())
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            try:  # take back a partial line; the shard becomes an orphan that open() removes
+                with open(path, "r+b") as fh:
+                    fh.truncate(size_before)
+                (self.dir / SHARDS_DIR / record.shard).unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise _write_error(exc, self.dir, f"recording shard {record.shard}", len(self.records)) from None
+
+    def close(self) -> None:
+        self.flush()
+
+    def discard_buffer(self) -> None:
+        """Forget the samples not written yet (they stay missing and a rerun extracts them)."""
+        for sample_id in self._sample_ids:
+            self.done_ids.discard(sample_id)
+        self._reset_buffer()
+
+
+def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _raw(array: Any, dtype: str) -> memoryview:
+    """The array's bytes in ``dtype`` without a copy when it already is contiguous ``dtype``."""
+    return np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8).data
+
+
+def _i64(values: list[int]) -> bytes:
+    return b"".join(v.to_bytes(8, "little", signed=True) for v in values)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_error(exc: OSError, features_dir: Path, what: str, n_shards: int | None = None) -> Exception:
+    kept = f"; the {n_shards} shards in {MANIFEST_FILE} are intact, rerun to resume" if n_shards is not None else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return FeaturesWriteError(f"{features_dir}: disk full while {what}{kept}")
+    return FeaturesWriteError(f"{features_dir}: {what} failed: {exc.strerror or exc}{kept}")

@@ -1,0 +1,411 @@
+"""``ExtractionClient``: hidden states from one or more eagle3 extraction servers, for notebooks and jobs.
+
+    from client.sdk import ExtractionClient
+    with ExtractionClient("http://gpu-node:8000") as c:
+        for s in c.extract([[1, 2, 3], [{"role": "user", "content": "hi"}, ...]]):
+            s.hidden_states        # float32 [n, L, H]: aux taps, then the final pre-norm state
+
+Wire: ``POST /v1/extract`` answers with a frame stream (``client/protocol/frames.py``) read with
+``iter_raw()`` into a ``FrameDecoder`` (bounds and checksums before anything is parsed); DATA payloads
+are decoded with ``client.codec`` (size bound from the frame meta) and chunks of a long sample are
+reassembled in token order (``client/stream.py``).
+
+Retries (openai-python's policy): connection errors, timeouts, 429, 503, 5xx and truncated or
+retryable-ERROR streams are retried up to ``max_retries`` times, sleeping ``Retry-After`` (capped at
+``max_retry_after_s``) or an exponential backoff with jitter; ``x-should-retry`` overrides the status.
+A retry sends only the samples not received yet, and the budget starts again whenever a sample
+arrives, so a long stream that breaks now and then still finishes. Connection failures move on to
+the next URL of the list.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import httpx
+
+from client.errors import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    InvalidSampleError,
+    SampleFailedError,
+    SampleFailure,
+    ServiceUnavailableError,
+    StreamError,
+    status_error,
+)
+from client.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
+from client.protocol.prepared import PreparedSample
+from client.sample import ExtractedSample
+from client.stream import StreamAssembler
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "EAGLE3_API_KEY"
+DEFAULT_TIMEOUT_S = 120.0  # per read: the server sends a heartbeat every 10 s while it works
+DEFAULT_MAX_RETRIES = 5
+INITIAL_RETRY_DELAY_S = 0.5
+MAX_RETRY_DELAY_S = 16.0
+MAX_RETRY_AFTER_S = 60.0
+
+Sample = Any  # list[int] | {"input_ids", "loss_mask"?, "id"?} | {"messages", "id"?} | list[message] | PreparedSample
+Outcome = ExtractedSample | SampleFailure
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """``GET /v1/info``: what the server extracts and its limits (``raw`` keeps every field as sent)."""
+
+    protocol_version: int
+    model_id: str
+    revision: str
+    backend: str
+    device: str
+    dtype: str
+    num_hidden_layers: int
+    aux_layer_ids: tuple[int, ...]
+    final_layer_id: int
+    hidden_size: int
+    vocab_size: int
+    max_model_len: int
+    tokenizer_sha256: str
+    codecs: tuple[str, ...]
+    default_codec: str
+    limits: dict[str, int]
+    final_norm_applied: bool = False
+    url: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], url: str = "") -> ServerInfo:
+        try:
+            values = {f.name: data[f.name] for f in fields(cls) if f.name not in ("url", "raw", "final_norm_applied")}
+            values["aux_layer_ids"] = tuple(int(i) for i in values["aux_layer_ids"])
+            values["codecs"] = tuple(values["codecs"])
+            values["limits"] = {str(k): int(v) for k, v in dict(values["limits"]).items() if v is not None}
+            return cls(**values, final_norm_applied=bool(data.get("final_norm_applied", False)), url=url, raw=data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise APIError(f"{url}/v1/info: unexpected answer ({exc!r})", url=url) from None
+
+    def limit(self, name: str, default: int) -> int:
+        value = self.limits.get(name)
+        return default if value is None or value <= 0 else value
+
+
+def to_request_samples(samples: Iterable[Sample]) -> list[dict[str, Any]]:
+    """Normalize what a notebook passes into ``/v1/extract`` sample objects; ids default to positions."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for index, sample in enumerate(samples):
+        req = _request_sample(sample, index)
+        if req["id"] in seen:
+            raise InvalidSampleError(f"sample {index}: duplicate sample id {req['id']!r}")
+        seen.add(req["id"])
+        out.append(req)
+    return out
+
+
+def _request_sample(sample: Sample, index: int) -> dict[str, Any]:
+    if isinstance(sample, PreparedSample):
+        return {"id": sample.sample_id, "input_ids": list(sample.input_ids), "loss_mask": list(sample.loss_mask)}
+    if hasattr(sample, "tolist"):  # numpy array of token ids
+        sample = sample.tolist()
+    if isinstance(sample, Mapping):
+        sample_id = str(sample.get("id", index))
+        if not sample_id:
+            raise InvalidSampleError(f"sample {index}: empty sample id")
+        if "input_ids" in sample:
+            req = {"id": sample_id, "input_ids": _token_ids(sample["input_ids"], index, "input_ids")}
+            if sample.get("loss_mask") is not None:
+                req["loss_mask"] = _token_ids(sample["loss_mask"], index, "loss_mask")
+                if len(req["loss_mask"]) != len(req["input_ids"]):
+                    raise InvalidSampleError(f"sample {sample_id!r}: loss_mask and input_ids differ in length")
+            return req
+        if "messages" in sample:
+            return {"id": sample_id, "messages": _messages(sample["messages"], index)}
+        raise InvalidSampleError(f"sample {index}: a dict sample needs 'input_ids' or 'messages'")
+    if isinstance(sample, (list, tuple)) and sample and all(isinstance(m, Mapping) for m in sample):
+        return {"id": str(index), "messages": _messages(sample, index)}
+    if isinstance(sample, (list, tuple)):
+        return {"id": str(index), "input_ids": _token_ids(sample, index, "input_ids")}
+    raise InvalidSampleError(
+        f"sample {index}: expected token ids, chat messages or a dict, got {type(sample).__name__}"
+    )
+
+
+def _token_ids(values: Any, index: int, name: str) -> list[int]:
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)) or not values:
+        raise InvalidSampleError(f"sample {index}: {name} must be a non-empty list of integers")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise InvalidSampleError(f"sample {index}: {name} must hold integers only")
+    return list(values)
+
+
+def _messages(messages: Any, index: int) -> list[dict[str, Any]]:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InvalidSampleError(f"sample {index}: messages must be a non-empty list")
+    for m in messages:
+        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+            raise InvalidSampleError(f"sample {index}: every message needs 'role' and 'content'")
+    return [dict(m) for m in messages]
+
+
+class ExtractionClient:
+    """A client of one or more extraction servers (``urls``): info, readiness and streamed extraction."""
+
+    def __init__(
+        self,
+        urls: str | list[str],
+        api_key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        max_retry_after_s: float = MAX_RETRY_AFTER_S,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else list(urls))]
+        if not self.urls:
+            raise ValueError("ExtractionClient needs at least one server URL")
+        self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self.max_retries = max_retries
+        self.max_retry_after_s = max_retry_after_s
+        self.wire_bytes = 0  # bytes of frame streams received (all calls; read it for MB/s)
+        self._sleep = sleep
+        self._url_index = 0
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+        self._http = httpx.Client(timeout=timeout, transport=transport, follow_redirects=False)
+
+    @property
+    def url(self) -> str:
+        """The server the next request goes to (connection failures move it along the list)."""
+        return self.urls[self._url_index]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ExtractionClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- small routes ---------------------------------------------------------------------------
+
+    def info(self) -> ServerInfo:
+        """``GET /v1/info`` of the current server (retried like any request)."""
+        data = self._with_retries(lambda url: self._get_json(url, "/v1/info"))
+        return ServerInfo.from_dict(data, url=self.url)
+
+    def ready(self) -> bool:
+        """``GET /readyz`` of the current server: True when it is loaded and not draining."""
+        try:
+            return self._http.get(self.url + "/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_until_ready(self, timeout_s: float = 1800.0, poll_s: float = 2.0) -> None:
+        """Block until some server of the list answers ``/readyz`` 200 (a large verifier loads for minutes)."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while True:
+            for index, url in enumerate(self.urls):
+                try:
+                    resp = self._http.get(url + "/readyz")
+                except httpx.HTTPError as exc:
+                    last = f"{url}: {type(exc).__name__}"
+                    continue
+                if resp.status_code == 200:
+                    self._url_index = index
+                    return
+                last = f"{url}: {resp.text[:200]}"
+            if time.monotonic() >= deadline:
+                raise APITimeoutError(f"no server ready after {timeout_s:.0f} s (last: {last})", url=self.url)
+            self._sleep(poll_s)
+
+    # -- extraction -----------------------------------------------------------------------------
+
+    def extract(
+        self,
+        samples: Iterable[Sample],
+        codec: str | None = None,
+        *,
+        ordered: bool = True,
+        on_sample_error: Literal["raise", "skip"] = "raise",
+    ) -> Iterator[ExtractedSample]:
+        """Yield one ``ExtractedSample`` per input sample (in input order unless ``ordered=False``).
+
+        Samples: lists of token ids, lists of chat messages, ``{"id", "input_ids", "loss_mask"}`` or
+        ``{"id", "messages"}`` dicts, or ``PreparedSample``. A sample the server rejects does not stop
+        the others: with ``on_sample_error="raise"`` a ``SampleFailedError`` naming it comes after
+        every other sample was yielded; with ``"skip"`` it is logged and left out.
+        """
+        requests = to_request_samples(samples)  # validate now, not at the first next()
+        return self._extract_ordered(requests, codec, ordered, on_sample_error)
+
+    def _extract_ordered(
+        self, requests: list[dict[str, Any]], codec: str | None, ordered: bool, on_sample_error: str
+    ) -> Iterator[ExtractedSample]:
+        order = [r["id"] for r in requests]
+        early: dict[str, ExtractedSample | None] = {}  # arrived before its turn (None: failed)
+        failures: list[SampleFailure] = []
+        next_index = 0
+        for item in self.extract_stream(requests, codec):
+            if isinstance(item, SampleFailure):
+                logger.warning("sample %r failed: %s: %s", item.sample_id, item.type, item.message)
+                failures.append(item)
+                early[item.sample_id] = None
+            elif not ordered:
+                yield item
+                continue
+            else:
+                early[item.sample_id] = item
+            while ordered and next_index < len(order) and order[next_index] in early:
+                ready = early.pop(order[next_index])
+                next_index += 1
+                if ready is not None:
+                    yield ready
+        if failures and on_sample_error == "raise":
+            raise SampleFailedError(failures)
+
+    def extract_stream(self, samples: Iterable[Sample], codec: str | None = None) -> Iterator[Outcome]:
+        """Every sample exactly once, in arrival order: an ``ExtractedSample`` or a ``SampleFailure``."""
+        pending = {r["id"]: r for r in to_request_samples(samples)}
+        retryable_failures: dict[str, SampleFailure] = {}
+        retries_left = self.max_retries
+        attempt = 0
+        while pending:
+            received = 0
+            try:
+                for item in self._stream_once(self.url, list(pending.values()), codec):
+                    if isinstance(item, SampleFailure) and item.retryable and retries_left > 0:
+                        retryable_failures[item.sample_id] = item  # ask again on the next attempt
+                        continue
+                    del pending[item.sample_id]
+                    retryable_failures.pop(item.sample_id, None)
+                    received += 1
+                    yield item
+                if not pending:
+                    return
+                missing = [i for i in pending if i not in retryable_failures]
+                if missing:
+                    raise StreamError(f"{self.url}: the stream ended without samples {missing[:5]}", url=self.url)
+                raise StreamError(f"{self.url}: {len(pending)} samples failed with retryable errors", url=self.url)
+            except APIError as exc:
+                if received:
+                    retries_left, attempt = self.max_retries, 0  # progress: the budget starts again
+                if not self._should_retry(exc) or retries_left <= 0:
+                    if retryable_failures and set(pending) == set(retryable_failures):
+                        for sample_id in list(pending):  # out of retries: report, do not raise
+                            del pending[sample_id]
+                            yield retryable_failures.pop(sample_id)
+                        return
+                    raise
+                retries_left -= 1
+                self._before_retry(exc, attempt, len(pending))
+                attempt += 1
+
+    def _stream_once(self, url: str, requests: list[dict[str, Any]], codec: str | None) -> Iterator[Outcome]:
+        body: dict[str, Any] = {"samples": requests}
+        if codec is not None:
+            body["codec"] = codec
+        request_id = uuid.uuid4().hex
+        try:
+            with self._http.stream("POST", url + "/v1/extract", json=body, headers=self._headers(request_id)) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise self._status_error(resp, url)
+                ctype = resp.headers.get("content-type", "")
+                if not ctype.startswith(CONTENT_TYPE.split(";")[0]):
+                    raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
+                decoder = FrameDecoder()
+                assembler = StreamAssembler(url, requests, decoder)
+                for chunk in resp.iter_raw():
+                    self.wire_bytes += len(chunk)
+                    for frame in decoder.feed(chunk):
+                        yield from assembler.handle(frame)
+                decoder.close()
+        except TruncatedStreamError as exc:
+            raise StreamError(f"{url}: truncated stream ({exc})", url=url, request_id=request_id) from None
+        except ProtocolError as exc:
+            raise StreamError(
+                f"{url}: bad frame stream: {exc}", url=url, request_id=request_id, retryable=False
+            ) from None
+        except httpx.TimeoutException as exc:
+            raise APITimeoutError(f"{url}: timed out ({type(exc).__name__})", url=url, request_id=request_id) from None
+        except httpx.TransportError as exc:
+            raise APIConnectionError(f"{url}: connection failed: {exc or type(exc).__name__}", url=url) from None
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _headers(self, request_id: str) -> dict[str, str]:
+        headers = {"X-Request-Id": request_id, "User-Agent": "eagle3-sdk"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def _status_error(self, resp: httpx.Response, url: str) -> APIStatusError:
+        try:
+            body: Any = resp.json()
+        except ValueError:
+            body = resp.text
+        return status_error(resp.status_code, body, {k.lower(): v for k, v in resp.headers.items()}, url)
+
+    def _get_json(self, url: str, path: str) -> Any:
+        try:
+            resp = self._http.get(url + path, headers=self._headers(uuid.uuid4().hex))
+        except httpx.TimeoutException as exc:
+            raise APITimeoutError(f"{url}: timed out ({type(exc).__name__})", url=url) from None
+        except httpx.TransportError as exc:
+            raise APIConnectionError(f"{url}: connection failed: {exc or type(exc).__name__}", url=url) from None
+        if resp.status_code != 200:
+            raise self._status_error(resp, url)
+        return resp.json()
+
+    def _with_retries(self, call: Callable[[str], Any]) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return call(self.url)
+            except APIError as exc:
+                if not self._should_retry(exc) or attempt >= self.max_retries:
+                    raise
+                self._before_retry(exc, attempt, 0)
+                attempt += 1
+
+    @staticmethod
+    def _should_retry(exc: APIError) -> bool:
+        if isinstance(exc, APIStatusError):
+            if exc.should_retry is not None:
+                return exc.should_retry
+            return exc.status_code in (408, 409, 429) or exc.status_code >= 500
+        if isinstance(exc, StreamError):
+            return exc.retryable
+        return isinstance(exc, APIConnectionError)
+
+    def retry_delay_s(self, exc: APIError, attempt: int) -> float:
+        """Retry-After when the server sent one (capped), else 0.5 s * 2^attempt (max 16 s) with jitter."""
+        retry_after = getattr(exc, "retry_after_s", None)
+        if retry_after is not None:
+            return float(min(retry_after, self.max_retry_after_s))
+        backoff = min(INITIAL_RETRY_DELAY_S * 2.0**attempt, MAX_RETRY_DELAY_S)
+        return backoff * (1.0 - 0.25 * random.random())  # noqa: S311 - jitter, not crypto
+
+    def _before_retry(self, exc: APIError, attempt: int, n_pending: int) -> None:
+        delay_s = self.retry_delay_s(exc, attempt)
+        if isinstance(exc, (APIConnectionError, ServiceUnavailableError)) and len(self.urls) > 1:
+            self._url_index = (self._url_index + 1) % len(self.urls)
+        what = f" ({n_pending} samples left)" if n_pending else ""
+        logger.warning("%s; retrying on %s in %.1f s%s", exc, self.url, delay_s, what)
+        self._sleep(delay_s)

@@ -1,0 +1,129 @@
+"""Frames of one ``/v1/extract`` response -> ``ExtractedSample`` / ``SampleFailure`` (sans-IO).
+
+Checks, in order: the HEADER describes bf16 states of a known shape; every DATA frame names a
+requested sample, decodes within its declared ``raw_bytes`` (bounded by the stream's
+``max_payload_bytes``), holds exactly ``hidden_states BF16 [m, L, H]``, ``input_ids I32 [m]`` and
+``loss_mask U8 [m]`` for its token range, and continues its sample where the last chunk stopped; the
+final chunk completes the sample at ``n_tokens``; token-id samples come back with the ids we sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from client.codec import decode_payload, parse_safetensors
+from client.errors import SampleFailure, StreamError
+from client.protocol.frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameDecoder, FrameType, ProtocolError
+from client.sample import ExtractedSample
+
+RAW_SLACK_BYTES = 1 << 20  # a chunk's safetensors header on top of max_payload_bytes of tensor data
+
+
+class StreamAssembler:
+    def __init__(self, url: str, requests: list[dict[str, Any]], decoder: FrameDecoder | None = None) -> None:
+        self.url = url
+        self.expected_ids = {r["id"]: r.get("input_ids") for r in requests}
+        self.decoder = decoder
+        self.header: dict[str, Any] | None = None
+        self.end: dict[str, Any] | None = None
+        self.max_raw_bytes = DEFAULT_MAX_PAYLOAD_BYTES + RAW_SLACK_BYTES
+        self._chunks: dict[str, list[tuple[Any, Any, Any]]] = {}  # sample id -> (hidden, ids, mask) so far
+        self._next_token: dict[str, int] = {}
+        self._done: set[str] = set()
+
+    def handle(self, frame: Frame) -> list[ExtractedSample | SampleFailure]:
+        if frame.type == FrameType.HEADER:
+            self._on_header(frame.meta)
+        elif frame.type == FrameType.DATA:
+            sample = self._on_data(frame)
+            return [sample] if sample is not None else []
+        elif frame.type == FrameType.SAMPLE_ERROR:
+            return [self._on_sample_error(frame.meta)]
+        elif frame.type == FrameType.ERROR:
+            error = frame.meta.get("error") or {}
+            completed = tuple(str(i) for i in frame.meta.get("completed_sample_ids", ()))
+            raise StreamError(
+                f"{self.url}: server aborted the stream: {error.get('type', 'error')}: {error.get('message', '')}",
+                url=self.url,
+                request_id=(self.header or {}).get("request_id"),
+                retryable=bool(error.get("retryable", False)),
+                type=str(error.get("type", "error")),
+                completed_sample_ids=completed,
+            )
+        elif frame.type == FrameType.END:
+            self.end = frame.meta
+        return []
+
+    def _fail(self, message: str) -> ProtocolError:
+        return ProtocolError(message)
+
+    def _on_header(self, meta: dict[str, Any]) -> None:
+        try:
+            self.aux_layer_ids = tuple(int(i) for i in meta["aux_layer_ids"])
+            self.final_layer_id = int(meta["final_layer_id"])
+            self.hidden_size = int(meta["hidden_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._fail(f"HEADER frame lacks {exc}") from None
+        if meta.get("dtype", "bfloat16") != "bfloat16":
+            raise self._fail(f"HEADER dtype {meta.get('dtype')!r}; this client reads bfloat16")
+        if meta.get("final_norm_applied"):
+            raise self._fail("HEADER says final_norm_applied=true; EAGLE-3 needs the pre-norm final state")
+        max_payload = int(meta.get("max_payload_bytes") or DEFAULT_MAX_PAYLOAD_BYTES)
+        self.max_raw_bytes = min(max_payload, DEFAULT_MAX_PAYLOAD_BYTES) + RAW_SLACK_BYTES
+        if self.decoder is not None:
+            self.decoder.max_payload_bytes = self.max_raw_bytes  # compressed is never larger than raw+slack
+        self.header = meta
+
+    def _on_data(self, frame: Frame) -> ExtractedSample | None:
+        if self.header is None:
+            raise self._fail("DATA frame before HEADER")
+        meta = frame.meta
+        try:
+            sample_id = str(meta["sample_id"])
+            start, end, n_total = int(meta["token_start"]), int(meta["token_end"]), int(meta["n_tokens"])
+            final, raw_bytes = bool(meta["final"]), int(meta["raw_bytes"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._fail(f"frame {frame.seq}: DATA meta lacks {exc}") from None
+        if sample_id not in self.expected_ids or sample_id in self._done:
+            raise self._fail(f"frame {frame.seq}: sample {sample_id!r} was not requested or came twice")
+        if start != self._next_token.get(sample_id, 0) or not start < end <= n_total or final != (end == n_total):
+            raise self._fail(f"frame {frame.seq}: sample {sample_id!r} chunk {start}:{end} of {n_total} out of order")
+        if not 0 < raw_bytes <= self.max_raw_bytes:
+            raise self._fail(f"frame {frame.seq}: raw_bytes {raw_bytes} over the {self.max_raw_bytes} bound")
+        tensors, _ = parse_safetensors(decode_payload(frame.payload, frame.codec, raw_bytes))
+        n = end - start
+        n_layers = len(self.aux_layer_ids) + 1
+        want = {"hidden_states": ("BF16", (n, n_layers, self.hidden_size)), "input_ids": ("I32", (n,)),
+                "loss_mask": ("U8", (n,))}  # fmt: skip
+        for name, (dtype, shape) in want.items():
+            got = tensors.get(name)
+            if got is None or got.dtype != dtype or got.shape != shape:
+                found = None if got is None else f"{got.dtype} {list(got.shape)}"
+                raise self._fail(f"frame {frame.seq}: {name} is {found}, expected {dtype} {list(shape)}")
+        parts = (tensors["hidden_states"].numpy(), tensors["input_ids"].numpy(), tensors["loss_mask"].numpy())
+        self._next_token[sample_id] = end
+        if not final:
+            self._chunks.setdefault(sample_id, []).append(parts)
+            return None
+        chunks = [*self._chunks.pop(sample_id, []), parts]
+        hidden, ids, mask = (c[0] if len(chunks) == 1 else np.concatenate(c) for c in zip(*chunks, strict=True))
+        expected = self.expected_ids[sample_id]
+        if expected is not None and (len(expected) != n_total or not np.array_equal(ids, expected)):
+            raise self._fail(f"sample {sample_id!r}: the server returned other input_ids than were sent")
+        self._done.add(sample_id)
+        self._next_token.pop(sample_id)
+        return ExtractedSample(sample_id, ids, mask, hidden, self.aux_layer_ids, self.final_layer_id)
+
+    def _on_sample_error(self, meta: dict[str, Any]) -> SampleFailure:
+        sample_id = str(meta.get("sample_id"))
+        if sample_id not in self.expected_ids or sample_id in self._done:
+            raise self._fail(f"SAMPLE_ERROR for {sample_id!r}, which was not requested or already done")
+        self._chunks.pop(sample_id, None)
+        self._next_token.pop(sample_id, None)
+        self._done.add(sample_id)
+        error = meta.get("error") or {}
+        return SampleFailure(
+            sample_id, str(error.get("type", "error")), str(error.get("message", "")), bool(error.get("retryable"))
+        )

@@ -1,0 +1,211 @@
+"""FeaturesWriter: shards + manifest on disk, resume after crashes, full disk, free-disk pre-check."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from client.features_reader import FeaturesReader
+from client.features_writer import FeaturesWriter, check_free_disk
+from client.protocol.features import MANIFEST_FILE, SHARDS_DIR, FeaturesFormatError, FeaturesMeta, iter_manifest
+from client.sample import ExtractedSample
+from tests.unit.sdk_fake import AUX, FINAL, HIDDEN, TOKENIZER_SHA, expected_hidden
+
+META = FeaturesMeta("fake-llama", "r1", AUX, FINAL, HIDDEN, 256, "bfloat16", TOKENIZER_SHA)
+ROW_BYTES = (len(AUX) + 1) * HIDDEN * 2
+
+
+def sample(i: int, n: int | None = None) -> ExtractedSample:
+    n = n or 3 + i % 5
+    ids = [(i * 31 + t) % 250 + 1 for t in range(n)]
+    mask = [t % 2 for t in range(n)]
+    return ExtractedSample(
+        f"s{i}", np.asarray(ids, np.int32), np.asarray(mask, np.uint8), expected_hidden(ids), AUX, FINAL
+    )
+
+
+def write(out: Path, samples: list[ExtractedSample], shard_mb: int = 1) -> FeaturesWriter:
+    writer = FeaturesWriter.open(out, META, shard_mb=shard_mb)
+    for s in samples:
+        writer.add(s)
+    writer.close()
+    return writer
+
+
+def shard_files(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / SHARDS_DIR).iterdir())
+
+
+def test_shards_fill_up_to_the_size_target(tmp_path):
+    writer = FeaturesWriter.open(tmp_path, META, shard_mb=1)
+    big = (1 << 20) // (ROW_BYTES + 5) // 3  # rows: three samples fill a shard
+    for i in range(7):
+        writer.add(sample(i, big))
+        assert writer.buffered_bytes <= 1 << 20
+    writer.close()
+    records = list(iter_manifest(tmp_path))
+    assert [len(r.sample_ids) for r in records] == [3, 3, 1]
+    assert [r.shard for r in records] == shard_files(tmp_path)
+    assert writer.n_samples_written == 7 and writer.bytes_written == sum(r.bytes for r in records)
+
+
+def test_resume_with_partial_manifest_orphan_shard_and_torn_tail(tmp_path):
+    write(tmp_path, [sample(i) for i in range(4)], shard_mb=1)
+    (tmp_path / SHARDS_DIR / "shard-000009-deadbeef.safetensors").write_bytes(b"orphan: renamed, never recorded")
+    (tmp_path / SHARDS_DIR / ".shard-000010-x.safetensors.1234.tmp").write_bytes(b"half written")
+    manifest = tmp_path / MANIFEST_FILE
+    good = manifest.read_bytes()
+    with open(manifest, "ab") as fh:
+        fh.write(b'{"shard":"shard-000009-deadbeef.safetensors","sample_ids":["s9"')  # crash mid-append
+    writer = FeaturesWriter.open(tmp_path, META, shard_mb=1)
+    assert writer.done_ids == {"s0", "s1", "s2", "s3"}
+    assert manifest.read_bytes() == good  # torn tail cut, so appends start on a fresh line
+    assert len(shard_files(tmp_path)) == 1  # orphans gone
+    for i in range(4, 6):
+        writer.add(sample(i))
+    writer.close()
+    reader = FeaturesReader(tmp_path, verify=True)
+    assert reader.sample_ids == [f"s{i}" for i in range(6)]
+    np.testing.assert_array_equal(reader["s5"].hidden_states_bf16, sample(5).hidden_states_bf16)
+
+
+def test_a_recorded_shard_that_is_missing_or_resized_fails_loudly(tmp_path):
+    write(tmp_path, [sample(0)])
+    (shard,) = (tmp_path / SHARDS_DIR).iterdir()
+    with open(shard, "ab") as fh:
+        fh.write(b"x")
+    with pytest.raises(FeaturesFormatError, match="damaged"):
+        FeaturesWriter.open(tmp_path, META)
+    shard.unlink()
+    with pytest.raises(FeaturesFormatError, match="missing"):
+        FeaturesWriter.open(tmp_path, META)
+
+
+def test_verify_catches_a_flipped_byte(tmp_path):
+    write(tmp_path, [sample(0)])
+    (shard,) = (tmp_path / SHARDS_DIR).iterdir()
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    FeaturesWriter.open(tmp_path, META)  # sizes match: the cheap check passes
+    with pytest.raises(FeaturesFormatError, match="sha256"):
+        FeaturesWriter.open(tmp_path, META, verify=True)
+
+
+def test_resume_against_another_model_is_refused(tmp_path):
+    write(tmp_path, [sample(0)])
+    other = FeaturesMeta("fake-llama", "r2", AUX, FINAL, HIDDEN, 256, "bfloat16", TOKENIZER_SHA)
+    with pytest.raises(IncompatibleError, match="revision='r1' but the server has revision='r2'"):
+        FeaturesWriter.open(tmp_path, other)
+    wider = FeaturesMeta("fake-llama", "r1", (1, 3), FINAL, HIDDEN, 256, "bfloat16", TOKENIZER_SHA)
+    with pytest.raises(IncompatibleError, match="aux_layer_ids"):
+        FeaturesWriter.open(tmp_path, wider)
+
+
+def test_full_disk_is_a_clear_error_and_the_manifest_stays_valid(tmp_path, monkeypatch):
+    writer = FeaturesWriter.open(tmp_path, META, shard_mb=1)
+    writer.add(sample(0))
+    writer.flush()
+    real_write = os.write
+
+    class FullFile:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+    import builtins
+
+    real_open = builtins.open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        fh = real_open(path, mode, *args, **kwargs)
+        return FullFile(fh) if str(path).endswith(".tmp") and "w" in mode else fh
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    writer.add(sample(1))
+    with pytest.raises(FeaturesWriteError, match=r"disk full while writing shard .* 1 shards in manifest.jsonl"):
+        writer.flush()
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert os.write is real_write
+    assert len(shard_files(tmp_path)) == 1  # the .tmp is gone
+    reader = FeaturesReader(tmp_path, verify=True)
+    assert reader.sample_ids == ["s0"]
+    resumed = FeaturesWriter.open(tmp_path, META)
+    assert resumed.done_ids == {"s0"}
+
+
+def test_full_disk_while_appending_the_manifest_leaves_an_orphan_only(tmp_path, monkeypatch):
+    writer = FeaturesWriter.open(tmp_path, META)
+    writer.add(sample(0))
+    writer.flush()
+    import builtins
+
+    real_open = builtins.open
+
+    class Torn:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            self.fh.write(data[:10])  # part of the line lands, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+    def torn_open(path, mode="r", *args, **kwargs):
+        fh = real_open(path, mode, *args, **kwargs)
+        return Torn(fh) if str(path).endswith(MANIFEST_FILE) and "a" in mode else fh
+
+    monkeypatch.setattr(builtins, "open", torn_open)
+    writer.add(sample(1))
+    with pytest.raises(FeaturesWriteError, match="disk full while recording"):
+        writer.flush()
+    monkeypatch.setattr(builtins, "open", real_open)
+    lines = (tmp_path / MANIFEST_FILE).read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["sample_ids"] == ["s0"]
+    assert FeaturesWriter.open(tmp_path, META).done_ids == {"s0"}
+
+
+def test_free_disk_precheck_says_how_much_is_needed(tmp_path, monkeypatch):
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=100 << 20))
+    check_free_disk(tmp_path, 1000, META, shard_mb=1)
+    with pytest.raises(InsufficientDiskError, match=r"need about 1\.0\d GB .* only 0\.10 GB free"):
+        check_free_disk(tmp_path, 10_000_000, META, shard_mb=1)
+
+
+def test_adding_a_sample_twice_or_of_the_wrong_shape_is_refused(tmp_path):
+    writer = FeaturesWriter.open(tmp_path, META)
+    writer.add(sample(0))
+    with pytest.raises(FeaturesFormatError, match="already"):
+        writer.add(sample(0))
+    s = sample(1)
+    wrong = ExtractedSample("w", s.input_ids, s.loss_mask, s.hidden_states_bf16[:, :2], AUX, FINAL)
+    with pytest.raises(IncompatibleError, match="states"):
+        writer.add(wrong)
