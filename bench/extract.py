@@ -1,0 +1,239 @@
+"""Extraction throughput, side by side in one run on the same tokens and the same verifier.
+
+    (a) naive: what a user writes first: transformers, padded batches of N samples in arrival order,
+        ``output_hidden_states=True``, states copied to CPU;
+    (b) the hf backend in-process, batches packed by the token budget (no HTTP, no disk);
+    (c) eagle3 end to end: a live ``eagle3 serve`` subprocess, ``extract_dataset`` over HTTP to shards.
+
+Prints one JSON object: tokens/s of each, c/b and c/a, the padding waste of (a), wire bytes per token
+against raw bf16, zstd speed against the extraction rate, and the server's peak RSS when extracting
+1x and 4x the dataset (a fresh server each; streaming must keep it flat).
+
+    .venv/bin/python bench/extract.py                   # ~20k tokens of the demo data, ~6 min here
+    .venv/bin/python bench/extract.py --tokens 5000     # quicker look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from client.codec import encode_payload  # noqa: E402
+from client.conversations import BUILTIN_CHATTERBOT  # noqa: E402
+from client.extract import ExtractConfig, extract_dataset  # noqa: E402
+from client.prepare import PrepareConfig, prepare_dataset  # noqa: E402
+from client.protocol import META_FILE, SAMPLES_FILE, iter_prepared  # noqa: E402
+from client.protocol.frames import CODEC_NAMES  # noqa: E402
+from eagle3.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
+from server.backends.base import BackendConfig, default_aux_layer_ids  # noqa: E402
+from server.backends.hf import HfBackend  # noqa: E402
+
+
+def subset(prepared: Path, out: Path, max_tokens: int, repeat: int = 1) -> tuple[list[list[int]], Path]:
+    """The first samples of ``prepared`` up to ``max_tokens`` tokens, ``repeat`` times under new ids."""
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(prepared / META_FILE, out / META_FILE)
+    rows, n_tokens = [], 0
+    for sample in iter_prepared(prepared):
+        if n_tokens + sample.n_tokens > max_tokens:
+            break
+        rows.append(sample)
+        n_tokens += sample.n_tokens
+    with open(out / SAMPLES_FILE, "w") as f:
+        for r in range(repeat):
+            for s in rows:
+                line = {
+                    "id": f"{s.sample_id}~{r}",
+                    "input_ids": s.input_ids,
+                    "loss_mask": s.loss_mask,
+                    "source": s.source,
+                }
+                f.write(json.dumps(line) + "\n")
+    return [s.input_ids for s in rows] * repeat, out
+
+
+def bench_naive(model_dir: Path, samples: list[list[int]], batch_size: int, aux: tuple[int, ...]) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    pad = 0
+    real, padded = 0, 0
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(samples), batch_size):
+            batch = samples[i : i + batch_size]
+            width = max(len(s) for s in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [B, T]
+            mask = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T]
+            for row, s in enumerate(batch):
+                ids[row, : len(s)] = torch.tensor(s)
+                mask[row, : len(s)] = 1
+            out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            states = torch.stack([out.hidden_states[k] for k in (*aux, -1)], dim=2)  # [B, T, L, H]
+            for row, s in enumerate(batch):
+                states[row, : len(s)].cpu().clone()  # what the user keeps per sample
+            real += sum(len(s) for s in batch)
+            padded += len(batch) * width
+    wall_s = time.perf_counter() - started
+    return {
+        "tokens_per_s": real / wall_s,
+        "wall_s": wall_s,
+        "padding_waste": 1 - real / padded,
+        "batch_size": batch_size,
+    }
+
+
+def bench_backend(model_dir: Path, samples: list[list[int]], max_batch_tokens: int) -> dict[str, Any]:
+    backend = HfBackend(BackendConfig(model=str(model_dir), max_batch_tokens=max_batch_tokens))
+    backend.load(lambda _phase, _fraction: None)
+    batches: list[list[list[int]]] = [[]]
+    for s in samples:
+        if batches[-1] and sum(map(len, batches[-1])) + len(s) > max_batch_tokens:
+            batches.append([])
+        batches[-1].append(s)
+    started = time.perf_counter()
+    first: torch.Tensor | None = None
+    for batch in batches:
+        states = backend.extract(batch)
+        first = states[0] if first is None else first
+    wall_s = time.perf_counter() - started
+    backend.close()
+    n_tokens = sum(map(len, samples))
+    return {"tokens_per_s": n_tokens / wall_s, "wall_s": wall_s, "n_forward_batches": len(batches), "_first": first}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def bench_http(model_dir: Path, prepared: Path, out: Path, max_batch_tokens: int, codec: str | None) -> dict[str, Any]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "eagle3", "serve", "--model", str(model_dir), "--port", str(port),
+           "--max-batch-tokens", str(max_batch_tokens)]  # fmt: skip
+    log = open(out.parent / f"{out.name}.server.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(  # noqa: S603 (our own console script)
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        rss_ready = peak_rss_bytes(proc.pid)
+        summary = extract_dataset(prepared, out, url, config=ExtractConfig(codec=codec, progress=False))
+        rss_peak = peak_rss_bytes(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        log.close()
+    return {
+        "tokens_per_s": summary.tokens_per_s,
+        "wall_s": summary.wall_s,
+        "n_tokens": summary.n_tokens,
+        "n_samples": summary.n_samples,
+        "wire_bytes": summary.wire_bytes,
+        "disk_bytes": summary.bytes_on_disk,
+        "server_rss_ready_mb": rss_ready / 2**20,
+        "server_peak_rss_mb": rss_peak / 2**20,
+    }
+
+
+def zstd_speed(states: torch.Tensor, codec: str) -> dict[str, float]:
+    from safetensors.torch import save
+
+    blob = save({"hidden_states": states.contiguous()})
+    started = time.perf_counter()
+    repeats = max(1, int(64e6 // len(blob)))
+    for _ in range(repeats):
+        payload = encode_payload(blob, CODEC_NAMES[codec])
+    wall_s = time.perf_counter() - started
+    return {"compress_mb_per_s_1_thread": repeats * len(blob) / wall_s / 1e6, "ratio": len(blob) / len(payload)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--tokens", type=int, default=20000, help="tokens of demo data per 1x run")
+    parser.add_argument("--naive-batch", type=int, default=8, help="samples per padded batch in (a)")
+    parser.add_argument("--max-batch-tokens", type=int, default=8192)
+    parser.add_argument("--codec", default=None, help="wire codec (default: the server's)")
+    parser.add_argument("--scale", type=int, default=4, help="the larger dataset for the RSS check, in x")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    model_dir = resolve_model_dir(args.model)
+    with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        prepare_dataset(BUILTIN_CHATTERBOT, tmp / "full", model=str(model_dir), config=PrepareConfig())
+        samples, one_x = subset(tmp / "full", tmp / "p1", args.tokens)
+        _, n_x = subset(tmp / "full", tmp / f"p{args.scale}", args.tokens, repeat=args.scale)
+        from transformers import AutoConfig
+
+        n_layers = int(AutoConfig.from_pretrained(model_dir).num_hidden_layers)
+        hidden = int(AutoConfig.from_pretrained(model_dir).hidden_size)
+        aux = default_aux_layer_ids(n_layers)
+        n_tokens = sum(map(len, samples))
+
+        a = bench_naive(model_dir, samples, args.naive_batch, aux)
+        b = bench_backend(model_dir, samples, args.max_batch_tokens)
+        first = b.pop("_first")
+        c = bench_http(model_dir, one_x, tmp / "f1", args.max_batch_tokens, args.codec)
+        c_n = bench_http(model_dir, n_x, tmp / f"f{args.scale}", args.max_batch_tokens, args.codec)
+        raw_per_token = (len(aux) + 1) * hidden * 2
+        codec = args.codec or "zstd+shuffle"
+        z = zstd_speed(first, codec)
+        extraction_mb_s = c["tokens_per_s"] * raw_per_token / 1e6
+        result = {
+            "model": str(args.model),
+            "n_samples": len(samples),
+            "n_tokens": n_tokens,
+            "threads": torch.get_num_threads(),
+            "a_naive_padded": a,
+            "b_backend_in_process": b,
+            "c_http_to_disk": c,
+            "c_over_b": c["tokens_per_s"] / b["tokens_per_s"],
+            "c_over_a": c["tokens_per_s"] / a["tokens_per_s"],
+            "wire_bytes_per_token": c["wire_bytes"] / c["n_tokens"],
+            "raw_bf16_bytes_per_token": raw_per_token,
+            "wire_over_raw": c["wire_bytes"] / (c["n_tokens"] * raw_per_token),
+            "codec": codec,
+            "zstd": z,
+            "zstd_over_extraction_rate": z["compress_mb_per_s_1_thread"] / extraction_mb_s,
+            f"server_peak_rss_mb_{args.scale}x": c_n["server_peak_rss_mb"],
+            "server_peak_rss_mb_1x": c["server_peak_rss_mb"],
+            f"c_http_to_disk_{args.scale}x": c_n,
+        }
+        print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
