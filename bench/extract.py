@@ -135,7 +135,7 @@ def bench_http(model_dir: Path, prepared: Path, out: Path, max_batch_tokens: int
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "eagle3", "serve", "--model", str(model_dir), "--port", str(port),
-           "--max-batch-tokens", str(max_batch_tokens)]  # fmt: skip
+           "--backend", "hf", "--max-batch-tokens", str(max_batch_tokens)]  # fmt: skip
     log = open(out.parent / f"{out.name}.server.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(  # noqa: S603 (our own console script)
         cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}

@@ -70,7 +70,9 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.keys = dict(api_keys or {})  # tenant -> key
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "eagle3", "serve", "--port", str(self.port), *args]
+        # `--backend auto` picks vllm whenever it is importable; these tests name their backend.
+        backend = [] if "--backend" in args else ["--backend", os.environ.get("EAGLE3_E2E_BACKEND", "hf")]
+        cmd = [sys.executable, "-m", "eagle3", "serve", "--port", str(self.port), *backend, *args]
         if self.keys:
             keys_file = log_path.with_suffix(".keys")
             keys_file.write_text("".join(f"{tenant}: {key}\n" for tenant, key in self.keys.items()))
