@@ -19,16 +19,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +36,7 @@ from client.extract import ExtractConfig, extract_dataset  # noqa: E402
 from client.prepare import PrepareConfig, prepare_dataset  # noqa: E402
 from client.protocol import META_FILE, SAMPLES_FILE, iter_prepared  # noqa: E402
 from client.protocol.frames import CODEC_NAMES  # noqa: E402
+from eagle3.local_server import LocalServer  # noqa: E402
 from eagle3.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
 from server.backends.base import BackendConfig, default_aux_layer_ids  # noqa: E402
 from server.backends.hf import HfBackend  # noqa: E402
@@ -118,44 +115,13 @@ def bench_backend(model_dir: Path, samples: list[list[int]], max_batch_tokens: i
     return {"tokens_per_s": n_tokens / wall_s, "wall_s": wall_s, "n_forward_batches": len(batches), "_first": first}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def peak_rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def bench_http(model_dir: Path, prepared: Path, out: Path, max_batch_tokens: int, codec: str | None) -> dict[str, Any]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "eagle3", "serve", "--model", str(model_dir), "--port", str(port),
-           "--backend", "hf", "--max-batch-tokens", str(max_batch_tokens)]  # fmt: skip
-    log = open(out.parent / f"{out.name}.server.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(  # noqa: S603 (our own console script)
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        rss_ready = peak_rss_bytes(proc.pid)
-        summary = extract_dataset(prepared, out, url, config=ExtractConfig(codec=codec, progress=False))
-        rss_peak = peak_rss_bytes(proc.pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-        log.close()
+    args = ["--model", str(model_dir), "--backend", "hf", "--max-batch-tokens", str(max_batch_tokens)]
+    with LocalServer(args, out.parent / f"{out.name}.server.log") as server:
+        server.wait_ready(timeout_s=600)
+        rss_ready = server.peak_rss_bytes()
+        summary = extract_dataset(prepared, out, server.url, config=ExtractConfig(codec=codec, progress=False))
+        rss_peak = server.peak_rss_bytes()
     return {
         "tokens_per_s": summary.tokens_per_s,
         "wall_s": summary.wall_s,

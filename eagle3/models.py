@@ -166,7 +166,7 @@ def _convert_gguf(source: Path, out_dir: Path) -> None:
         del config.quantization_config
     # NOTE: save_pretrained refuses the GGUF-loaded module ("not serializable"); a fresh module
     # with the same config takes the dequantized weights key for key.
-    model = LlamaForCausalLM(config)  # type: ignore[arg-type]
+    model = LlamaForCausalLM(config)  # type: ignore[arg-type,no-untyped-call,unused-ignore]
     result = model.load_state_dict(quantized.state_dict(), strict=False)
     if result.unexpected_keys or [k for k in result.missing_keys if k != "lm_head.weight"]:
         raise RuntimeError(f"GGUF conversion lost weights: {result}")
