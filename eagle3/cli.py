@@ -112,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request is noise
     try:
         return int(args.func(args))
     except USER_ERRORS as exc:
