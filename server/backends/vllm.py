@@ -1,0 +1,256 @@
+"""The vLLM backend: production extraction (CUDA, tensor parallel) behind the same contract as ``hf``.
+
+The engine runs vLLM's ``extract_hidden_states`` speculative method: the verifier's forward pass
+records the residual stream at ``aux_layer_ids + (N,)`` (vLLM semantics, DESIGN.md §3.1: id ``k < N``
+is the stream entering decoder layer ``k``, id ``N`` the last layer's output before the final norm)
+and ``server.backends.vllm_connector`` hands each finished sample over through a private tmpfs
+directory (its docstring says why not memory). Each ``extract`` call is one ``LLM.generate`` with
+``max_tokens=1``; the scheduler's token budget is vLLM's ``max_num_batched_tokens``, so a packed
+batch is one forward step (a sample longer than the budget is prefilled in chunks).
+
+Engine settings: prefix caching off (a cached prefix would skip the forward pass that records the
+states), eager mode unless ``compile=1``, the tokenizer skipped (requests are token ids). Knobs in
+``BackendConfig.extra`` (all optional; docs/vllm.md):
+
+* ``kv_cache_gib``: KV cache size (CPU default 2 GiB; vLLM's ``VLLM_CPU_KVCACHE_SPACE`` overrides it
+  there). CUDA default: sized by ``gpu_memory_utilization``.
+* ``gpu_memory_utilization``: CUDA, default 0.9.
+* ``compile``: ``1`` to let vLLM compile (CUDA graphs / inductor) instead of eager.
+* ``hidden_states_dir``: where the handover directory is created (default ``/dev/shm``).
+
+Every returned sample is checked before it leaves: its token ids equal the request's, the shape is
+``[n_tokens, len(aux) + 1, hidden]``, the dtype is ``info.dtype``, every value is finite; otherwise
+``extract`` raises ``BackendError``. This is the only module (with its connector) that imports vllm.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from client.prepare import tokenizer_sha256
+from eagle3.models import resolve_model_dir
+from server.backends.base import (
+    BackendConfig,
+    BackendError,
+    BackendInfo,
+    ProgressCallback,
+    check_aux_layer_ids,
+    default_aux_layer_ids,
+)
+from server.backends.hf import DTYPES, checkpoint_revision
+from server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
+
+logger = logging.getLogger(__name__)
+CPU_KV_CACHE_GIB = 2.0
+MAX_NUM_SEQS = 256
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the ``server`` package
+SHM_DIR = "/dev/shm"  # noqa: S108 (only a parent: the handover dir is a private mkdtemp, mode 0700)
+KNOBS = ("kv_cache_gib", "gpu_memory_utilization", "compile", "hidden_states_dir")
+
+
+def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], max_model_len: int, device: str,
+                  store_dir: str) -> dict[str, Any]:  # fmt: skip
+    """``vllm.LLM`` keyword arguments for this config (pure: no engine is started)."""
+    extra = config.extra
+    unknown = sorted(set(extra) - set(KNOBS))
+    if unknown:
+        raise BackendError(f"unknown vllm backend option(s) {unknown}; known: {list(KNOBS)}")
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "skip_tokenizer_init": True,
+        "dtype": config.dtype,
+        "max_model_len": max_model_len,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "enforce_eager": extra.get("compile", "0") != "1",
+        "enable_prefix_caching": False,
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": config.max_batch_tokens,
+        "max_num_seqs": min(MAX_NUM_SEQS, config.max_batch_tokens),
+        "seed": 0,
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
+        },
+        "kv_transfer_config": {
+            "kv_connector": CONNECTOR_NAME,
+            "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": store_dir},
+        },
+    }
+    kv_cache_gib = float(extra["kv_cache_gib"]) if "kv_cache_gib" in extra else None
+    if device == "cpu" and kv_cache_gib is None:
+        kv_cache_gib = CPU_KV_CACHE_GIB
+    if kv_cache_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+    if "gpu_memory_utilization" in extra:
+        kwargs["gpu_memory_utilization"] = float(extra["gpu_memory_utilization"])
+    return kwargs
+
+
+def handover_root(config: BackendConfig) -> str:
+    """tmpfs when there is one (the handover never touches a disk), else the temp dir."""
+    wanted = config.extra.get("hidden_states_dir")
+    if wanted:
+        return wanted
+    return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
+
+
+def export_package_root() -> None:
+    """vLLM's spawned engine and worker processes import the connector by module path: make sure
+    they find this checkout's ``server`` package (a no-op for an installed package)."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(PACKAGE_ROOT) not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *parts])
+
+
+def _drop_chat_warmup_warning(record: logging.LogRecord) -> bool:
+    """vLLM warns with a traceback that it cannot warm up a chat template without a tokenizer; this
+    backend never asks vLLM to render chats (requests are token ids), so the warning is noise."""
+    return "Chat template warmup failed" not in record.getMessage()
+
+
+class VllmBackend:
+    name = "vllm"
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.llm: Any = None
+        self.info: BackendInfo | None = None
+        self.store_dir: str | None = None
+        self._sampling: Any = None
+        self._load_hidden_states: Any = None
+        self._cleanup_hidden_states: Any = None
+
+    def load(self, progress: ProgressCallback) -> BackendInfo:
+        from transformers import AutoConfig
+
+        started = time.monotonic()
+        progress("resolving model", 0.0)
+        model_dir = resolve_model_dir(self.config.model)
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        n_layers = int(hf_config.num_hidden_layers)
+        aux = check_aux_layer_ids(self.config.aux_layer_ids or default_aux_layer_ids(n_layers), n_layers)
+        max_len = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
+        max_model_len = self.config.max_model_len or max_len
+        if max_len and max_model_len > max_len:
+            raise BackendError(f"--max-model-len {max_model_len} exceeds the model's {max_len}")
+
+        progress("importing vllm", 0.02)
+        import vllm
+        from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as stock
+        from vllm.platforms import current_platform
+
+        device = str(current_platform.device_type)
+        if self.config.device not in ("auto", device):
+            raise BackendError(
+                f"--device {self.config.device}, but this vLLM build ({vllm.__version__}) runs on {device}"
+            )
+        self._load_hidden_states, self._cleanup_hidden_states = stock.load_hidden_states, stock.cleanup_hidden_states
+        self._sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        self.store_dir = tempfile.mkdtemp(prefix="eagle3-vllm-hs-", dir=handover_root(self.config))
+        kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], max_model_len, device, self.store_dir)
+        export_package_root()
+        progress(f"starting vLLM {vllm.__version__} engine (tp={self.config.tensor_parallel_size}, {device})", 0.05)
+        logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup_warning)
+        try:
+            self.llm = vllm.LLM(**kwargs)
+            self.info = BackendInfo(
+                model_id=os.path.basename(os.path.normpath(model_dir)),
+                revision=checkpoint_revision(model_dir),
+                model_dir=str(model_dir),
+                num_hidden_layers=n_layers,
+                hidden_size=int(hf_config.hidden_size),
+                vocab_size=int(hf_config.vocab_size),
+                max_model_len=max_model_len,
+                dtype=self.config.dtype,
+                aux_layer_ids=aux,
+                tokenizer_sha256=tokenizer_sha256(model_dir),
+                backend=self.name,
+                device=device,
+            )
+            progress("warming up", 0.95)
+            self.extract([[0] * min(8, max_model_len)])
+        except Exception as exc:
+            self.close()
+            if isinstance(exc, BackendError):
+                raise
+            raise BackendError(f"vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
+        progress("ready", 1.0)
+        logger.info(
+            "vllm backend: %s on %s (%s, tp=%d) loaded in %.1f s; handover dir %s",
+            model_dir,
+            device,
+            self.config.dtype,
+            self.config.tensor_parallel_size,
+            time.monotonic() - started,
+            self.store_dir,
+        )
+        return self.info
+
+    def extract(self, batch: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        if self.llm is None or self.info is None:
+            raise BackendError("backend not loaded")
+        prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in batch]
+        try:
+            outputs = self.llm.generate(prompts, self._sampling, use_tqdm=False)
+        except Exception as exc:
+            raise BackendError(f"vLLM generate failed: {type(exc).__name__}: {exc}") from exc
+        if len(outputs) != len(batch):
+            raise BackendError(f"vLLM returned {len(outputs)} outputs for {len(batch)} samples")
+        paths = [(out.kv_transfer_params or {}).get("hidden_states_path") for out in outputs]
+        states: list[torch.Tensor] = []
+        try:
+            for index, (ids, path) in enumerate(zip(prompts, paths, strict=True)):
+                if not path:
+                    raise BackendError(f"sample {index}: vLLM returned no hidden states (kv_transfer_params)")
+                states.append(self._checked(index, ids["prompt_token_ids"], self._load_hidden_states(path)))
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise BackendError(f"reading vLLM hidden states failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            for path in paths:
+                if path:
+                    self._cleanup_hidden_states(path)
+        return states
+
+    def _checked(self, index: int, ids: list[int], data: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The sample's ``[T, L+1, H]`` states, or BackendError naming what is wrong with them."""
+        assert self.info is not None
+        info = self.info
+        hidden, token_ids = data.get("hidden_states"), data.get("token_ids")
+        if hidden is None or token_ids is None:
+            raise BackendError(
+                f"sample {index}: hidden-states file lacks {sorted({'hidden_states', 'token_ids'} - set(data))}"
+            )
+        want_shape = (len(ids), info.n_layers_out, info.hidden_size)
+        if tuple(hidden.shape) != want_shape:
+            raise BackendError(f"sample {index}: vLLM states have shape {tuple(hidden.shape)}, expected {want_shape}")
+        if token_ids.tolist() != ids:
+            raise BackendError(f"sample {index}: vLLM recorded other token ids than the request's")
+        if hidden.dtype != DTYPES[info.dtype]:
+            raise BackendError(f"sample {index}: vLLM states are {hidden.dtype}, expected {info.dtype}")
+        if not bool(torch.isfinite(hidden).all()):
+            raise BackendError(f"sample {index}: vLLM states contain NaN or inf")
+        return hidden.contiguous()  # [T, L+1, H]
+
+    def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as exc:  # noqa: BLE001 (closing must not raise; the engine may be dead already)
+                logger.warning("vLLM engine shutdown: %s", exc)
+            del llm
+        if self.store_dir is not None:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+            self.store_dir = None
