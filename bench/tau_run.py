@@ -1,0 +1,83 @@
+"""The τ run: self-distilled chatterbot data on the embedded verifier -> features -> train -> export -> eval.
+
+    python -m bench.tau_run --work /work/cache/tau [--stage data|train|eval|all] [--set key=value ...]
+
+Stages (each skips what is already on disk):
+
+* data: ``regenerate`` (the verifier's own greedy answers to the first 640 distinct chatterbot prompts),
+  a draft vocab from the original + distilled assistant tokens, features of the distilled samples
+  written in-process with the hf backend and the SDK's FeaturesWriter (the bytes ``eagle3 extract``
+  writes);
+* train: ``train(load_config(None, overrides))`` into WORK/run;
+* eval: export to WORK/export, then ``evaluate`` (speculative decoding with k=4 on prompts not used in
+  training) printed as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from draft_trainer.config import load_config, parse_overrides
+from draft_trainer.distill import regenerate
+from draft_trainer.vocab import build_draft_vocab, count_assistant_tokens, save_vocab
+from eagle3.models import resolve_model_dir
+
+TRAIN_DEFAULTS = {"ttt_steps": 4, "max_batch_tokens": 1024, "lr": 2e-3, "epochs": 30, "warmup_steps": 20,
+                  "torch_threads": 1, "checkpoint_every_steps": 100, "heldout_fraction": 0.05}  # fmt: skip
+
+
+def stage_data(work: Path, draft_vocab_size: int) -> None:
+    model_dir = resolve_model_dir("smollm2")
+    distilled = work / "distilled"
+    if not (distilled / "samples.jsonl").is_file():
+        regenerate(work / "prepared", distilled, model_dir, max_samples=640, max_new_tokens=48, batch_size=64)
+    vocab_dir = work / f"vocab-{draft_vocab_size}"
+    if not vocab_dir.is_dir():
+        counts = count_assistant_tokens(work / "prepared") + count_assistant_tokens(distilled)
+        vocab, stats = build_draft_vocab(counts, draft_vocab_size, source=f"{work / 'prepared'} + {distilled}")
+        save_vocab(vocab, stats, counts, vocab_dir)
+    if not (work / "features" / "manifest.jsonl").is_file():
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.trainer_helpers import write_features
+
+        started = time.monotonic()
+        write_features(distilled, work / "features", model_dir, dtype="float32", shard_mb=64, aux_layer_ids=None)
+        print(f"features written in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("--work", type=Path, default=Path("/work/cache/tau"))
+    parser.add_argument("--stage", choices=("data", "train", "eval", "all"), default="all")
+    parser.add_argument("--draft-vocab-size", type=int, default=8192)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    work: Path = args.work
+    if args.stage in ("data", "all"):
+        stage_data(work, args.draft_vocab_size)
+    if args.stage in ("train", "all"):
+        from draft_trainer.train import train
+
+        overrides = dict(TRAIN_DEFAULTS, features=str(work / "features"), vocab=str(work / f"vocab-{args.draft_vocab_size}"),
+                         model="smollm2", out=str(work / "run"))  # fmt: skip
+        overrides.update(parse_overrides(args.set))
+        result = train(load_config(None, overrides))
+        print(json.dumps({"steps": result.steps, "train_s": round(result.train_s, 1), **result.heldout}), flush=True)
+    if args.stage in ("eval", "all"):
+        from draft_trainer.evaluate import evaluate
+        from draft_trainer.export import export_draft
+
+        export_draft(work / "run" / "draft", work / "export")
+        result_eval = evaluate(work / "export", prepared=work / "prepared", features=work / "features", k=4,
+                               n_prompts=10, max_new_tokens=48, threads=1)  # fmt: skip
+        print(result_eval.format_text(), flush=True)
+        print(json.dumps(result_eval.to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

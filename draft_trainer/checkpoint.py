@@ -1,0 +1,109 @@
+"""Run directory files: the training checkpoint (exact resume) and the draft weights (export input).
+
+Layout of a run directory::
+
+    config.json          the resolved TrainConfig
+    checkpoint.pt        model + optimizer + scheduler + step + RNG states (written atomically)
+    draft/model.safetensors, draft/draft_config.json     fp32 weights incl. d2t/t2d, and DraftConfig
+    metrics.jsonl        one JSON object per logged step (appended; a resumed run continues it)
+    training.png         loss and per-step acceptance over training
+
+Invariants: every file is written to a temp name, fsynced and renamed, so a kill leaves the previous
+complete version; a resumed run replays the same data order from the saved global step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from draft_trainer.errors import CheckpointError
+from draft_trainer.model import DraftConfig, EagleDraft
+
+CHECKPOINT_FILE = "checkpoint.pt"
+DRAFT_DIR = "draft"
+DRAFT_WEIGHTS = "model.safetensors"
+DRAFT_CONFIG = "draft_config.json"
+
+
+def _fsync_replace(tmp: Path, path: Path) -> None:
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    _fsync_replace(tmp, path)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
+    path = run_dir / CHECKPOINT_FILE
+    tmp = run_dir / f".{CHECKPOINT_FILE}.tmp"
+    torch.save(state, tmp)
+    _fsync_replace(tmp, path)
+    return path
+
+
+def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / CHECKPOINT_FILE
+    if not path.is_file():
+        return None
+    state: dict[str, Any] = torch.load(path, weights_only=False)
+    return state
+
+
+def save_draft(model: EagleDraft, draft_dir: Path) -> Path:
+    draft_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    tmp = draft_dir / f".{DRAFT_WEIGHTS}.tmp"
+    save_file(tensors, str(tmp))
+    _fsync_replace(tmp, draft_dir / DRAFT_WEIGHTS)
+    write_text_atomic(draft_dir / DRAFT_CONFIG, json.dumps(model.cfg.to_dict(), indent=2) + "\n")
+    return draft_dir
+
+
+def resolve_draft_dir(path: str | Path) -> Path:
+    """A run directory or its ``draft/`` -> the ``draft/`` directory."""
+    path = Path(path)
+    if (path / DRAFT_DIR / DRAFT_CONFIG).is_file():
+        return path / DRAFT_DIR
+    if (path / DRAFT_CONFIG).is_file():
+        return path
+    raise CheckpointError(f"{path}: no {DRAFT_CONFIG} (expected a run directory or its {DRAFT_DIR}/)")
+
+
+def load_draft(path: str | Path) -> EagleDraft:
+    """Weights + config saved by ``save_draft`` (``embed_tokens`` is not included: set it separately)."""
+    draft_dir = resolve_draft_dir(path)
+    cfg = DraftConfig.from_dict(json.loads((draft_dir / DRAFT_CONFIG).read_text()))
+    model = EagleDraft(cfg)
+    tensors = load_file(str(draft_dir / DRAFT_WEIGHTS))
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{draft_dir}: weights do not match {DRAFT_CONFIG}: {exc}") from None
+    return model

@@ -1,0 +1,111 @@
+"""One typed training config: defaults < config file (JSON or TOML) < ``--set key=value`` overrides.
+
+The resolved config is saved as ``RUN/config.json``; ``load_config`` on that file gives it back.
+Unknown keys and values of the wrong type are errors naming the key (and the file).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from draft_trainer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    features: str = ""  # features directory (eagle3 extract)
+    vocab: str = ""  # vocab directory or its vocab.safetensors (eagle3 vocab)
+    model: str = "SmolLM2-135M-Instruct"  # the verifier: teacher norm/lm_head and embed_tokens come from it
+    out: str = "run"  # run directory
+    ttt_steps: int = 7  # K unrolled draft steps
+    step_decay: float = 0.8  # step k's loss weight is step_decay**k
+    max_batch_tokens: int = 2048  # tokens per micro-batch (packed, no padding)
+    grad_accum_steps: int = 1  # micro-batches per rank per optimizer step
+    epochs: int = 1
+    max_steps: int = 0  # stop after this many optimizer steps (0: run all epochs)
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    heldout_fraction: float = 0.05
+    seed: int = 0
+    checkpoint_every_steps: int = 50
+    log_every_steps: int = 1
+    eval_every_steps: int = 0  # held-out accuracy every N steps (0: only at the end)
+    torch_threads: int = 1
+    autocast_bf16: bool = False  # bf16 autocast (CUDA); CPU runs fp32 unless set
+    truncate: bool = False  # cut samples longer than max_batch_tokens instead of failing
+    init_from: str = ""  # warm start: a run directory or its draft/ (weights only)
+    init_lm_head_from_verifier: bool = True  # lm_head rows = the verifier's rows of the draft vocab
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        positive = ("ttt_steps", "max_batch_tokens", "grad_accum_steps", "epochs", "torch_threads")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    if key not in _FIELDS:
+        raise ConfigError(f"{where}: unknown config key {key!r} (known: {', '.join(sorted(_FIELDS))})")
+    kind = type(getattr(TrainConfig(), key))
+    if isinstance(value, str) and kind is not str:
+        text = value.strip().lower()
+        try:
+            if kind is bool:
+                if text not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(text)
+                return text in ("true", "1", "yes")
+            return kind(value)
+        except ValueError:
+            raise ConfigError(f"{where}: {key} expects {kind.__name__}, got {value!r}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: {key} expects {kind.__name__}, got {value!r}")
+    return value
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then the file at ``path`` (``.json`` or ``.toml``), then ``overrides``."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            text = path.read_text()
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'} ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a table of keys")
+        values.update({k: _coerce(k, v, str(path)) for k, v in data.items()})
+    for key, value in (overrides or {}).items():
+        values[key] = _coerce(key, value, "--set")
+    return replace(TrainConfig(), **values)
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """``["lr=1e-3", ...]`` -> ``{"lr": "1e-3"}`` (types are checked by ``load_config``)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value
+    return out

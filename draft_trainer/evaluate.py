@@ -1,0 +1,163 @@
+"""``eagle3 eval``: offline acceptance on held-out features, and real speculative decoding on CPU.
+
+τ (mean acceptance length) = mean over rounds of (accepted drafts + 1): the tokens one verifier
+forward yields. Speedup = the verifier alone's wall time / speculative wall time over the same
+prompts, both greedy with KV cache. Prompts come from the prepared dataset and exclude every prompt
+present in the features directory (the training data), so they were not trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from client.features_reader import FeaturesReader
+from client.protocol.prepared import iter_prepared
+from draft_trainer.data import FeaturesData
+from draft_trainer.errors import CheckpointError, DataError
+from draft_trainer.export import read_export
+from draft_trainer.model import DraftConfig, EagleDraft
+from draft_trainer.speculate import VerifierTaps, greedy_generate, speculative_generate
+from draft_trainer.ttt import Teacher, load_verifier_tensors, simulated_acceptance, ttt_forward
+
+
+@dataclass
+class EvalResult:
+    k: int
+    n_prompts: int
+    tau: float  # mean tokens per verifier forward in speculative decoding
+    speedup: float  # baseline seconds / speculative seconds
+    rounds: int
+    generated_tokens: int
+    speculative_s: float
+    baseline_s: float
+    identical: bool  # every speculative output == the verifier's greedy output
+    accepted_per_position: list[float] = field(default_factory=list)  # share of rounds accepting >= i+1 drafts
+    offline_acc: list[float] = field(default_factory=list)  # per-step accuracy on held-out features
+    offline_tau: float = 0.0  # 1 + simulated acceptance from offline_acc
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format_text(self) -> str:
+        lines = [
+            f"speculative decoding, k={self.k}, {self.n_prompts} held-out prompts, {self.generated_tokens} tokens",
+            f"  tau (mean acceptance length)  {self.tau:.2f}  ({self.rounds} rounds)",
+            "  accepted at position          " + "  ".join(f"{100 * a:.0f}%" for a in self.accepted_per_position),
+            f"  speedup vs verifier alone     {self.speedup:.2f}x  ({self.baseline_s:.1f} s -> {self.speculative_s:.1f} s)",
+            f"  output identical to greedy    {'yes' if self.identical else 'NO'}",
+        ]
+        if self.offline_acc:
+            accs = "  ".join(f"{100 * a:.1f}%" for a in self.offline_acc)
+            lines.append(f"  offline (held-out features)   acc per step {accs}; tau {self.offline_tau:.2f}")
+        return "\n".join(lines)
+
+
+def load_export_draft(export_dir: str | Path, embed: torch.Tensor) -> EagleDraft:
+    """An ``EagleDraft`` (fp32) from an export directory; ``embed`` [V, H] is the verifier's embedding."""
+    config, tensors = read_export(export_dir)
+    try:
+        cfg = DraftConfig(
+            hidden_size=config["hidden_size"], target_hidden_size=config["target_hidden_size"],
+            intermediate_size=config["intermediate_size"], num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
+            draft_vocab_size=config["draft_vocab_size"], target_vocab_size=config["vocab_size"],
+            aux_layer_ids=tuple(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+            rms_norm_eps=config["rms_norm_eps"], rope_theta=config["rope_theta"],
+            max_position_embeddings=config["max_position_embeddings"], rope_scaling=config.get("rope_scaling"),
+        )  # fmt: skip
+    except KeyError as exc:
+        raise CheckpointError(f"{export_dir}/config.json lacks {exc}") from None
+    model = EagleDraft(cfg)
+    state = {name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}
+    if "d2t" not in state:
+        state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)  # full vocab: identity
+    model.load_state_dict(state)
+    model.embed_tokens.copy_(embed)
+    return model.eval()
+
+
+def heldout_prompts(prepared: str | Path, features: str | Path | None, n_prompts: int) -> list[list[int]]:
+    """Up to ``n_prompts`` distinct prompts of ``prepared`` that no features sample starts with."""
+    trained: set[tuple[int, ...]] = set()
+    if features is not None:
+        for sample in FeaturesReader(features):
+            mask = sample.loss_mask.tolist()
+            trained.add(tuple(sample.input_ids[: mask.index(1) if 1 in mask else len(mask)].tolist()))
+    prompts: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for sample in iter_prepared(prepared):
+        prompt = tuple(sample.input_ids[: sample.loss_mask.index(1)])
+        if prompt and prompt not in trained and prompt not in seen:
+            seen.add(prompt)
+            prompts.append(list(prompt))
+    if not prompts:
+        raise DataError(f"{prepared}: every prompt is in the training features; no held-out prompt to evaluate")
+    step = max(1, len(prompts) // n_prompts)  # spread over the dataset, not its first topic
+    return prompts[::step][:n_prompts]
+
+
+@torch.no_grad()
+def offline_acceptance(draft: EagleDraft, teacher: Teacher, features: str | Path, k: int) -> list[float]:
+    data = FeaturesData(features)
+    positions = data.split.heldout or data.split.train
+    stats = torch.zeros(2, k)
+    for batch in data.plan(positions, 2048, seed=0, epoch=0, shuffle=False, truncate=True):
+        result = ttt_forward(draft, teacher, data.load(batch, 2048), k)
+        stats += torch.stack([result.correct, result.n_terms])
+    return (stats[0] / stats[1].clamp(min=1)).tolist()
+
+
+def evaluate(
+    export_dir: str | Path,
+    *,
+    prepared: str | Path,
+    features: str | Path | None = None,
+    model: str = "SmolLM2-135M-Instruct",
+    k: int = 4,
+    n_prompts: int = 10,
+    max_new_tokens: int = 48,
+    threads: int = 1,
+    dtype: str = "float32",
+) -> EvalResult:
+    from transformers import AutoModelForCausalLM
+
+    from eagle3.models import resolve_model_dir
+
+    torch.set_num_threads(threads)
+    model_dir = resolve_model_dir(model)
+    target, tensors = load_verifier_tensors(model_dir)
+    draft = load_export_draft(export_dir, tensors["embed"])
+    verifier = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+    eos = target.get("eos_token_id")
+    eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
+    taps = VerifierTaps(verifier, draft.cfg.aux_layer_ids)
+    prompts = heldout_prompts(prepared, features, n_prompts)
+    spec_s = base_s = 0.0
+    accepted: list[int] = []
+    identical, n_tokens = True, 0
+    greedy_generate(verifier, prompts[0], 2, eos_id)  # warm-up
+    for prompt in prompts:
+        base = greedy_generate(verifier, prompt, max_new_tokens, eos_id)
+        spec = speculative_generate(verifier, draft, taps, prompt, k, max_new_tokens, eos_id)
+        identical &= spec.tokens == base.tokens
+        base_s += base.seconds
+        spec_s += spec.seconds
+        accepted += spec.accepted
+        n_tokens += len(spec.tokens)
+    taps.remove()
+    result = EvalResult(
+        k=k, n_prompts=len(prompts), tau=sum(a + 1 for a in accepted) / max(1, len(accepted)),
+        speedup=base_s / spec_s if spec_s else 0.0, rounds=len(accepted), generated_tokens=n_tokens,
+        speculative_s=spec_s, baseline_s=base_s, identical=identical,
+        accepted_per_position=[sum(a > i for a in accepted) / max(1, len(accepted)) for i in range(k)],
+    )  # fmt: skip
+    if features is not None:
+        teacher = Teacher(tensors["norm"], tensors["lm_head"], draft.cfg.rms_norm_eps)
+        result.offline_acc = offline_acceptance(draft, teacher, features, k)
+        result.offline_tau = 1.0 + simulated_acceptance(result.offline_acc)
+    return result
+

@@ -1,0 +1,166 @@
+"""``eagle3 export``: the flat vLLM EAGLE-3 format of DESIGN.md §3.6 (config.json + model.safetensors).
+
+Invariants:
+
+* ``config.json`` is flat: ``architectures == ["LlamaForCausalLMEagle3"]``, ``num_hidden_layers == 1``,
+  ``draft_vocab_size``, ``target_hidden_size``, the aux ids at top level *and* in ``eagle_config``
+  (``use_aux_hidden_state: true``), and the verifier's ``max_position_embeddings`` and rope settings.
+* tensors: ``fc``, ``midlayer.*``, ``norm``, ``lm_head`` in bf16, ``t2d`` bool, and ``d2t`` int64
+  only when the draft vocab is smaller than the target's (vLLM 0.32 rejects it otherwise).
+* ``vllm_param_shapes`` replays vLLM's weight mapping (``midlayer.`` -> ``model.layers.0.``, q/k/v
+  and gate/up stacked, ``d2t`` -> ``draft_id_to_target_id``, ``t2d`` dropped) so a test holds the
+  export against the shapes vLLM allocates from the config alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from draft_trainer.checkpoint import load_draft, write_text_atomic
+from draft_trainer.errors import CheckpointError
+from draft_trainer.model import EagleDraft
+
+EXPORT_WEIGHTS = "model.safetensors"
+EXPORT_CONFIG = "config.json"
+
+
+def export_config(model: EagleDraft) -> dict[str, Any]:
+    cfg = model.cfg
+    ids = list(cfg.aux_layer_ids)
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "vocab_size": cfg.target_vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "bfloat16",
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+    }
+    return config
+
+
+def export_tensors(model: EagleDraft) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name == "d2t":
+            if model.cfg.draft_vocab_size != model.cfg.target_vocab_size:
+                out[name] = tensor.to(torch.int64).contiguous()
+        elif name == "t2d":
+            out[name] = tensor.to(torch.bool).contiguous()
+        else:
+            out[name] = tensor.detach().to(torch.bfloat16).contiguous()
+    return out
+
+
+def export_draft(draft_dir: str | Path, export_dir: str | Path, *, format: str = "vllm") -> Path:
+    """Write ``export_dir`` from a run's ``draft/`` (or the run directory itself)."""
+    if format != "vllm":
+        raise CheckpointError(f"export format {format!r} is not supported (supported: vllm)")
+    model = load_draft(draft_dir)
+    out = Path(export_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{EXPORT_WEIGHTS}.tmp"
+    save_file(export_tensors(model), str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / EXPORT_WEIGHTS)
+    write_text_atomic(out / EXPORT_CONFIG, json.dumps(export_config(model), indent=2) + "\n")
+    return out
+
+
+def read_export(export_dir: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    export_dir = Path(export_dir)
+    if not (export_dir / EXPORT_CONFIG).is_file() or not (export_dir / EXPORT_WEIGHTS).is_file():
+        raise CheckpointError(f"{export_dir}: not an export (needs {EXPORT_CONFIG} and {EXPORT_WEIGHTS})")
+    config = json.loads((export_dir / EXPORT_CONFIG).read_text())
+    with safe_open(str(export_dir / EXPORT_WEIGHTS), framework="pt") as fh:
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
+    return config, tensors
+
+
+def expected_vllm_shapes(config: dict[str, Any], target_vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """What vLLM 0.32's ``Eagle3LlamaForCausalLM`` allocates for this config (names after mapping)."""
+    h, ht = config["hidden_size"], config["target_hidden_size"]
+    nh, nkv = config["num_attention_heads"], config["num_key_value_heads"]
+    d = config.get("head_dim") or h // nh
+    inter, vd = config["intermediate_size"], config["draft_vocab_size"]
+    n_aux = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    p = "model.layers.0."
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.fc.weight": (h, n_aux * ht),
+        p + "self_attn.qkv_proj.weight": ((nh + 2 * nkv) * d, 2 * h),
+        p + "self_attn.o_proj.weight": (h, nh * d),
+        p + "mlp.gate_up_proj.weight": (2 * inter, h),
+        p + "mlp.down_proj.weight": (h, inter),
+        p + "input_layernorm.weight": (h,),
+        p + "hidden_norm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (vd, h),
+    }
+    if vd != target_vocab_size:
+        shapes["draft_id_to_target_id"] = (vd,)
+    return shapes
+
+
+def vllm_param_shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    """Replay vLLM's load_weights mapping on exported tensors: parameter name -> loaded shape."""
+    stacked = {".q_proj": ".qkv_proj", ".k_proj": ".qkv_proj", ".v_proj": ".qkv_proj",
+               ".gate_proj": ".gate_up_proj", ".up_proj": ".gate_up_proj"}  # fmt: skip
+    out: dict[str, list[int]] = {}
+    for name, tensor in tensors.items():
+        if "t2d" in name:
+            continue
+        if name == "d2t":
+            out["draft_id_to_target_id"] = list(tensor.shape)
+            continue
+        mapped = name if "lm_head" in name else "model." + name.replace("midlayer.", "layers.0.")
+        for old, new in stacked.items():
+            if old in mapped:
+                mapped = mapped.replace(old, new)
+                if mapped in out:
+                    out[mapped][0] += int(tensor.shape[0])  # stacked along the output dim
+                    if list(out[mapped][1:]) != list(tensor.shape[1:]):
+                        raise CheckpointError(f"{name}: input dim {tensor.shape[1:]} differs from its stack")
+                    break
+                out[mapped] = list(tensor.shape)
+                break
+        else:
+            if mapped in out:
+                raise CheckpointError(f"{name}: maps to {mapped} twice")
+            out[mapped] = list(tensor.shape)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def check_export(export_dir: str | Path, target_vocab_size: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Raise ``CheckpointError`` unless the export loads into vLLM's shapes; returns the mapped shapes."""
+    config, tensors = read_export(export_dir)
+    vocab = int(target_vocab_size or config["vocab_size"])
+    got, want = vllm_param_shapes(tensors), expected_vllm_shapes(config, vocab)
+    if got != want:
+        diff = sorted(set(got.items()) ^ set(want.items()))
+        raise CheckpointError(f"{export_dir}: tensors do not match vLLM's parameters: {diff}")
+    if config["eagle_aux_hidden_state_layer_ids"] != config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]:
+        raise CheckpointError(f"{export_dir}: top-level aux ids differ from eagle_config's")
+    if "t2d" in tensors and int(tensors["t2d"].sum()) != config["draft_vocab_size"]:
+        raise CheckpointError(f"{export_dir}: t2d marks {int(tensors['t2d'].sum())} ids, not draft_vocab_size")
+    return got

@@ -1,0 +1,169 @@
+"""Speculative decoding on CPU: a transformers verifier and the EAGLE-3 draft, greedy, KV cache on both.
+
+One round, with ``n`` committed tokens and the verifier's next token ``x_n`` known:
+
+1. the draft chains ``k`` tokens: its first step reads (``x_n``, the verifier's aux states at ``n-1``)
+   at position ``n-1``; step ``j`` reads (its previous token, its previous pre-norm state) at
+   position ``n-1+j`` and attends to the committed step-0 entries plus its own chain entries;
+2. the verifier scores ``[x_n, d_1..d_k]`` in one cached forward; the longest prefix of drafts equal
+   to the verifier's greedy choices is accepted, plus one verifier token (so >= 1 token per round);
+3. both caches are cropped to the committed prefix; the draft re-runs step 0 on the newly committed
+   positions with the verifier's aux states (training's step 0 is exactly this).
+
+Invariant: the output is the verifier's greedy output (every emitted token is a verifier argmax over
+the committed prefix); acceptance only changes how many verifier forwards it takes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from draft_trainer.model import EagleDraft, attend, rope_cos_sin
+
+
+class VerifierTaps:
+    """Forward hooks on a ``LlamaForCausalLM`` that keep the aux states (vLLM ids) of the last call."""
+
+    def __init__(self, model: Any, aux_layer_ids: tuple[int, ...]) -> None:
+        base = model.model
+        self._states: dict[int, torch.Tensor] = {}
+        self._hooks = []
+        for slot, k in enumerate(aux_layer_ids):
+            module = base.embed_tokens if k == 0 else base.layers[k - 1]
+            self._hooks.append(module.register_forward_hook(self._hook(slot)))
+        self.n_aux = len(aux_layer_ids)
+
+    def _hook(self, slot: int) -> Any:
+        def hook(_module: Any, _args: Any, output: Any) -> None:
+            self._states[slot] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def aux(self) -> torch.Tensor:
+        """[T, n_aux*H] of the last forward (batch row 0)."""
+        return torch.cat([self._states[s][0] for s in range(self.n_aux)], dim=-1)
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
+@dataclass
+class DraftCache:
+    keys: torch.Tensor  # [S, nh, d]
+    values: torch.Tensor  # [S, nh, d]
+
+    @property
+    def length(self) -> int:
+        return int(self.keys.shape[0])
+
+    def crop(self, length: int) -> None:
+        self.keys, self.values = self.keys[:length], self.values[:length]
+
+
+def draft_step(draft: EagleDraft, cache: DraftCache, tokens: torch.Tensor, hidden: torch.Tensor, start_pos: int) -> torch.Tensor:
+    """Run ``m`` new rows (tokens [m], hidden [m, H]) at positions start_pos.. ; appends to ``cache``; -> prenorm [m, H]."""
+    m = tokens.shape[0]
+    attn = draft.midlayer.self_attn
+    positions = torch.arange(start_pos, start_pos + m)
+    cos, sin = rope_cos_sin(positions, attn.head_dim, draft.cfg.rope_theta)
+    q, k, v = attn.qkv(draft.layer_inputs(tokens, hidden), cos, sin)  # [m, nh, d]
+    cache.keys = torch.cat([cache.keys, k])
+    cache.values = torch.cat([cache.values, v])
+    s = cache.length
+    mask = torch.arange(s)[None, :] <= (s - m + torch.arange(m))[:, None]  # [m, S]
+    return draft.finish(attend(q, cache.keys, cache.values, mask), hidden)
+
+
+@dataclass
+class GenerationStats:
+    tokens: list[int]
+    rounds: int = 0
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per round
+    seconds: float = 0.0
+
+
+def _verifier_step(model: Any, ids: list[int], cache: Any) -> torch.Tensor:
+    out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return out.logits[0]  # [m, V]
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Keep the first ``length`` positions of a transformers cache (negative crop: positive is deprecated)."""
+    extra = int(cache.get_seq_length()) - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@torch.inference_mode()
+def greedy_generate(model: Any, prompt: list[int], max_new_tokens: int, eos_id: int | None) -> GenerationStats:
+    """The verifier alone, one token per forward, with its KV cache (the baseline and the reference)."""
+    from transformers import DynamicCache
+
+    started = time.perf_counter()
+    cache = DynamicCache()
+    logits = _verifier_step(model, prompt, cache)
+    out: list[int] = []
+    while True:
+        token = int(logits[-1].argmax())
+        out.append(token)
+        if len(out) >= max_new_tokens or token == eos_id:
+            break
+        logits = _verifier_step(model, [token], cache)
+    return GenerationStats(out, rounds=len(out), seconds=time.perf_counter() - started)
+
+
+@torch.inference_mode()
+def speculative_generate(
+    model: Any, draft: EagleDraft, taps: VerifierTaps, prompt: list[int], k: int, max_new_tokens: int, eos_id: int | None
+) -> GenerationStats:
+    """Greedy speculative decoding with ``k`` chained draft tokens per round (see the module docstring)."""
+    from transformers import DynamicCache
+
+    started = time.perf_counter()
+    cache = DynamicCache()
+    heads, head_dim = draft.cfg.num_attention_heads, draft.cfg.head_dim
+    dcache = DraftCache(torch.zeros(0, heads, head_dim), torch.zeros(0, heads, head_dim))
+    logits = _verifier_step(model, prompt, cache)  # [n, V]
+    aux = taps.aux()  # [n, 3H]
+    committed = list(prompt)
+    next_token = int(logits[-1].argmax())
+    out = [next_token]
+    stats = GenerationStats(out)
+    hidden = draft.project_aux(aux)  # [n, H] step-0 hidden of the rows not yet in the draft cache
+    row_tokens = committed[1:] + [next_token]  # step-0 tokens of those rows
+    while len(out) < max_new_tokens and next_token != eos_id:
+        n = len(committed)
+        pre = draft_step(draft, dcache, torch.tensor(row_tokens), hidden, dcache.length)[-1:]  # [1, H]
+        drafts: list[int] = []
+        for j in range(k):
+            token = int(draft.target_ids[draft.logits(pre).argmax(-1)])
+            drafts.append(token)
+            if j + 1 < k:
+                pre = draft_step(draft, dcache, torch.tensor([token]), pre, n - 1 + j + 1)  # [1, H]
+        dcache.crop(n)
+        logits = _verifier_step(model, [next_token, *drafts], cache)  # [k+1, V]
+        choices = logits.argmax(-1).tolist()
+        accepted = 0
+        while accepted < k and drafts[accepted] == choices[accepted]:
+            accepted += 1
+        new = drafts[:accepted] + [int(choices[accepted])]
+        _crop(cache, n + 1 + accepted)
+        aux = taps.aux()[: accepted + 1]  # [a+1, 3H] rows of next_token and the accepted drafts
+        committed += [next_token, *drafts[:accepted]]
+        stats.rounds += 1
+        stats.accepted.append(accepted)
+        for token in new:
+            out.append(token)
+            if token == eos_id or len(out) >= max_new_tokens:
+                break
+        next_token = out[-1]
+        hidden = draft.project_aux(aux)
+        row_tokens = new
+    stats.tokens = out[:max_new_tokens]
+    stats.seconds = time.perf_counter() - started
+    return stats

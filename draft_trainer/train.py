@@ -1,0 +1,300 @@
+"""The training loop: TTT loss, AdamW + warmup/cosine, exact resume, SIGTERM checkpoint, data parallel.
+
+Data parallel: launched by ``torchrun`` (``WORLD_SIZE`` > 1) each rank reads its own micro-batches
+of every global step (``draft_trainer/data.py``), the loss is normalised by the *global* number of
+supervised terms (all-reduced), and the gradients are summed across ranks with ``all_reduce``
+before clipping; so W ranks compute the same update as one process with ``grad_accum_steps = W``.
+
+Resume: ``RUN/checkpoint.pt`` holds the model, optimizer, scheduler, RNG and the global step; the
+data order is a function of (seed, epoch), so a resumed run continues the same loss curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from draft_trainer.checkpoint import (
+    DRAFT_DIR,
+    load_checkpoint,
+    load_draft,
+    rng_state,
+    save_checkpoint,
+    save_draft,
+    set_rng_state,
+    write_text_atomic,
+)
+from draft_trainer.config import TrainConfig
+from draft_trainer.data import FeaturesData
+from draft_trainer.errors import ConfigError, DataError
+from draft_trainer.model import EagleDraft, draft_config_from_target
+from draft_trainer.ttt import Teacher, load_verifier_tensors, simulated_acceptance, step_counts, ttt_forward
+from draft_trainer.vocab import VOCAB_FILE, load_vocab
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    stopped_early: bool  # SIGTERM (checkpoint saved) before the planned end
+    heldout: dict[str, Any] = field(default_factory=dict)
+    train_s: float = 0.0
+
+
+def resolve_model(model: str) -> Path:
+    from eagle3.models import resolve_model_dir
+
+    return resolve_model_dir(model)
+
+
+def build_draft(cfg: TrainConfig, meta_hidden: int, aux_ids: tuple[int, ...]) -> tuple[EagleDraft, Teacher]:
+    """Draft (vocab set, verifier embedding, lm_head rows) and teacher from the verifier's tensors."""
+    vocab_path = Path(cfg.vocab)
+    vocab = load_vocab(vocab_path.parent if vocab_path.name == VOCAB_FILE else vocab_path)
+    target, tensors = load_verifier_tensors(resolve_model(cfg.model))
+    if int(target["hidden_size"]) != meta_hidden:
+        raise DataError(f"features hidden size {meta_hidden} != verifier {cfg.model} hidden size {target['hidden_size']}")
+    if vocab.target_vocab_size != int(target["vocab_size"]):
+        raise DataError(f"vocab {cfg.vocab} is over {vocab.target_vocab_size} ids, verifier has {target['vocab_size']}")
+    draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids)
+    if cfg.init_from:
+        model = load_draft(cfg.init_from)
+        if model.cfg != draft_cfg:
+            raise ConfigError(f"init_from {cfg.init_from}: its draft config differs from this run's")
+    else:
+        torch.manual_seed(cfg.seed)
+        model = EagleDraft(draft_cfg)
+        if cfg.init_lm_head_from_verifier:
+            with torch.no_grad():
+                model.lm_head.weight.copy_(tensors["lm_head"][torch.from_numpy(vocab.target_ids)])
+                model.norm.weight.copy_(tensors["norm"])
+    model.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
+    model.embed_tokens.copy_(tensors["embed"])
+    teacher = Teacher(tensors["norm"], tensors["lm_head"], draft_cfg.rms_norm_eps)
+    return model, teacher
+
+
+def lr_lambda(cfg: TrainConfig, total_steps: int) -> Any:
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+class _Stop:
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+
+def _dist() -> tuple[int, int]:
+    """(rank, world size); joins the torchrun process group (gloo on CPU) when WORLD_SIZE > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _all_reduce(tensor: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        torch.set_num_threads(cfg.torch_threads)
+        self.rank, self.world = _dist()
+        self.run_dir = Path(cfg.out)
+        self.data = FeaturesData(cfg.features, heldout_fraction=cfg.heldout_fraction)
+        meta = self.data.meta
+        self.model, self.teacher = build_draft(cfg, meta.hidden_size, meta.aux_layer_ids)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.micro_per_step = self.world * cfg.grad_accum_steps
+        first = self.data.plan(self.data.split.train, cfg.max_batch_tokens, seed=cfg.seed, epoch=0,
+                               truncate=cfg.truncate)  # fmt: skip
+        self.steps_per_epoch = len(first) // self.micro_per_step
+        if self.steps_per_epoch == 0:
+            raise DataError(
+                f"{len(first)} micro-batches of {cfg.max_batch_tokens} tokens per epoch, fewer than the "
+                f"{self.micro_per_step} one step needs (world size x grad_accum_steps)"
+            )
+        planned = self.steps_per_epoch * cfg.epochs
+        self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, self.total_steps))
+        self._plans: dict[int, list[list[int]]] = {0: first}
+        self.step = 0
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._plans:
+            self._plans = {epoch: self.data.plan(self.data.split.train, self.cfg.max_batch_tokens, seed=self.cfg.seed,
+                                                 epoch=epoch, truncate=self.cfg.truncate)}  # fmt: skip
+        return self._plans[epoch]
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": rng_state(),
+                "config": json.loads(self.cfg.to_json())}  # fmt: skip
+
+    def resume(self) -> bool:
+        state = load_checkpoint(self.run_dir)
+        if state is None:
+            return False
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        return True
+
+    def my_micro_batches(self, step: int) -> list[list[int]]:
+        epoch, index = divmod(step, self.steps_per_epoch)
+        group = self.plan(epoch)[index * self.micro_per_step : (index + 1) * self.micro_per_step]
+        return group[self.rank :: self.world]
+
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.cfg
+        started = time.perf_counter()
+        batches = [self.data.load(b, cfg.max_batch_tokens if cfg.truncate else None) for b in self.my_micro_batches(self.step)]
+        data_s = time.perf_counter() - started
+        counts = _all_reduce(sum((step_counts(b, cfg.ttt_steps) for b in batches), torch.zeros(cfg.ttt_steps)), self.world)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = torch.zeros(3, cfg.ttt_steps)  # loss sums, correct, counted terms
+        loss_total = torch.zeros(())
+        for batch in batches:
+            with torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16,
+                                enabled=cfg.autocast_bf16):  # fmt: skip
+                result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts)
+            result.loss.backward()
+            loss_total += result.loss.detach()
+            stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
+        if self.world > 1:
+            for p in self.params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+            dist.all_reduce(loss_total)
+            dist.all_reduce(stats)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        n_tokens = _all_reduce(torch.tensor(float(sum(b.n_tokens for b in batches))), self.world)
+        acc = (stats[1] / stats[2].clamp(min=1)).tolist()
+        return {"step": self.step, "loss": float(loss_total), "acc": acc, "sim_accept": simulated_acceptance(acc),
+                "ce": (stats[0] / stats[2].clamp(min=1)).tolist(), "lr": lr, "grad_norm": float(grad_norm),
+                "tokens": int(n_tokens), "data_s": data_s, "step_s": time.perf_counter() - started}  # fmt: skip
+
+    @torch.no_grad()
+    def evaluate_heldout(self) -> dict[str, Any]:
+        """Per-step accuracy and simulated acceptance on the held-out samples (this rank's share)."""
+        cfg = self.cfg
+        stats = torch.zeros(3, cfg.ttt_steps)
+        plan = self.data.plan(self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False,
+                              truncate=True)  # fmt: skip
+        for positions in plan[self.rank :: self.world]:
+            result = ttt_forward(self.model, self.teacher, self.data.load(positions, cfg.max_batch_tokens), cfg.ttt_steps)
+            stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
+        _all_reduce(stats, self.world)
+        acc = (stats[1] / stats[2].clamp(min=1)).tolist()
+        return {"heldout_acc": acc, "heldout_sim_accept": simulated_acceptance(acc), "heldout_terms": stats[2].tolist(),
+                "heldout_ce": (stats[0] / stats[2].clamp(min=1)).tolist()}  # fmt: skip
+
+
+def _log(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def _progress(step: int, total: int, record: dict[str, Any], started: float, tokens: int) -> None:
+    elapsed = time.monotonic() - started
+    done = int(30 * step / total)
+    line = (f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{total} {step / elapsed:.2f} steps/s "
+            f"{tokens / elapsed:,.0f} tok/s loss {record['loss']:.3f} accept {record['sim_accept']:.2f}")  # fmt: skip
+    print(line, end="" if step < total else "\n", file=sys.stderr, flush=True)
+
+
+def train(cfg: TrainConfig) -> RunResult:
+    """Train (or resume) the run at ``cfg.out``; returns when done or after a SIGTERM checkpoint."""
+    trainer = Trainer(cfg)
+    run_dir, main = trainer.run_dir, trainer.rank == 0
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "config.json", cfg.to_json())
+    resumed = trainer.resume()
+    metrics = run_dir / METRICS_FILE
+    if main and resumed:
+        _truncate_metrics(metrics, trainer.step)
+    stop = _Stop()
+    previous = signal.signal(signal.SIGTERM, stop) if _is_main_thread() else None
+    started, tokens_seen = time.monotonic(), 0
+    try:
+        while trainer.step < trainer.total_steps and not stop.requested:
+            record = trainer.train_step()
+            tokens_seen += record["tokens"]
+            evaluate_now = cfg.eval_every_steps and trainer.step % cfg.eval_every_steps == 0
+            if evaluate_now:
+                record.update(trainer.evaluate_heldout())
+            if main and (trainer.step % cfg.log_every_steps == 0 or evaluate_now):
+                _log(metrics, dict(record, epoch=(trainer.step - 1) // trainer.steps_per_epoch, time=time.time()))
+            if main and cfg.progress:
+                _progress(trainer.step, trainer.total_steps, record, started, tokens_seen)
+            if main and trainer.step % cfg.checkpoint_every_steps == 0:
+                save_checkpoint(run_dir, trainer.state())
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if main:
+        save_checkpoint(run_dir, trainer.state())
+        save_draft(trainer.model, run_dir / DRAFT_DIR)
+    result = RunResult(run_dir, trainer.step, stop.requested, train_s=time.monotonic() - started)
+    if not stop.requested:
+        result.heldout = trainer.evaluate_heldout()
+        if main:
+            _log(metrics, dict(result.heldout, step=trainer.step, final=True, time=time.time()))
+            write_text_atomic(run_dir / "heldout.json", json.dumps(result.heldout, indent=2) + "\n")
+            _plot(run_dir)
+    return result
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop records logged after the checkpoint (a kill after logging, before saving), so the curve is exact."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
+    write_text_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _plot(run_dir: Path) -> None:
+    try:
+        from draft_trainer.plot import plot_metrics
+    except ImportError:  # matplotlib missing: the JSONL log is the record
+        return
+    plot_metrics(run_dir / METRICS_FILE, run_dir / "training.png")

@@ -1,0 +1,178 @@
+"""Training-time test (TTT): the draft unrolled ``K`` steps on packed features, with its teacher.
+
+Indexing (packed batch of T tokens, several samples; ``t`` a row of the batch, all inside one sample):
+
+* step ``k`` at row ``t`` reads token ``x[t+k+1]`` and hidden ``fc(aux[t])`` (k = 0) or the step
+  ``k-1`` prenorm output at row ``t`` (k > 0); its rope position is ``pos[t] + k`` (vLLM drafts at
+  the next position each step);
+* it predicts token ``x[t+k+2]``; the teacher is the verifier's ``norm`` + ``lm_head`` on the stored
+  final state at row ``t+k+1``, restricted (softmax) to the draft vocabulary;
+* attention: the step-``k`` query at ``t`` sees the step-0 keys of rows ``<= t`` of its own sample and
+  the step-``1..k`` keys of row ``t`` only (the draft's own chain), exactly the KV cache a chain of
+  drafts has at inference;
+* the term ``(k, t)`` counts iff ``t+k+2`` lies in the sample, ``loss_mask[t+k+2] == 1`` and the
+  teacher's full-vocab argmax lies in the draft vocab.
+
+So a term ``(k, t)`` depends only on features at rows ``<= t+k+1`` of its own sample and tokens
+``<= t+k+1`` (tests/unit/test_draft_ttt.py perturbs the rest).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from draft_trainer.model import EagleDraft, rope_cos_sin
+
+
+class Teacher(torch.nn.Module):
+    """The verifier's final ``norm`` and ``lm_head``: logits from stored pre-norm final states."""
+
+    def __init__(self, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.register_buffer("norm_weight", norm_weight.float())  # [Ht]
+        self.register_buffer("lm_head_weight", lm_head_weight.float())  # [V, Ht]
+        self.eps = eps
+
+    def forward(self, final: torch.Tensor) -> torch.Tensor:
+        """[n, Ht] -> [n, V] logits."""
+        normed = final * torch.rsqrt(final.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight
+        return normed @ self.lm_head_weight.T  # type: ignore[no-any-return]
+
+
+def load_verifier_tensors(model_dir: str | Path) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
+    """The verifier's config dict and just ``embed_tokens``, ``norm``, ``lm_head`` (never the model)."""
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    wanted = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 (safe_open is not a dict)
+                if key in wanted:
+                    out[wanted[key]] = fh.get_tensor(key).float()
+    if "lm_head" not in out and "embed" in out:
+        out["lm_head"] = out["embed"]  # tied embeddings
+    missing = {"embed", "norm", "lm_head"} - set(out)
+    if missing:
+        raise FileNotFoundError(f"{model_dir}: safetensors lack {sorted(missing)} (need embed_tokens, norm, lm_head)")
+    return config, out
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    input_ids: torch.Tensor  # [T] int64
+    aux: torch.Tensor  # [T, 3*Ht] float32
+    final: torch.Tensor  # [T, Ht] float32, pre-norm
+    loss_mask: torch.Tensor  # [T] bool
+    positions: torch.Tensor  # [T] int64, position inside its sample
+    seg_start: torch.Tensor  # [T] int64, first row of its sample
+    seg_end: torch.Tensor  # [T] int64, one past the last row of its sample
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def step_valid(batch: PackedBatch, k: int) -> torch.Tensor:
+    """[T] bool: term (k, t) is supervised by the data (before the teacher-argmax filter)."""
+    t_rows = torch.arange(batch.n_tokens)
+    target = t_rows + k + 2  # [T] the predicted token's row
+    inside = target < batch.seg_end
+    return inside & batch.loss_mask[target.clamp(max=batch.n_tokens - 1)]
+
+
+def step_counts(batch: PackedBatch, ttt_steps: int) -> torch.Tensor:
+    """[K] float: supervised terms per step (the loss normaliser, summed over ranks/micro-batches)."""
+    return torch.stack([step_valid(batch, k).sum() for k in range(ttt_steps)]).float()
+
+
+@dataclass
+class TTTResult:
+    loss: torch.Tensor  # scalar: sum_k decay^k * sum(term losses) / denominators[k]
+    loss_sums: torch.Tensor  # [K] summed CE per step (detached)
+    correct: torch.Tensor  # [K] draft argmax == teacher argmax, counted over the terms
+    n_terms: torch.Tensor  # [K] terms counted (after the teacher-argmax filter)
+    term_losses: list[torch.Tensor]  # per step [T], 0 where not counted (detached; for tests)
+
+
+def ttt_forward(
+    draft: EagleDraft,
+    teacher: Teacher,
+    batch: PackedBatch,
+    ttt_steps: int,
+    step_decay: float = 0.8,
+    denominators: torch.Tensor | None = None,
+) -> TTTResult:
+    """Unroll ``ttt_steps`` draft steps; ``denominators`` [K] defaults to this batch's ``step_counts``."""
+    n = batch.n_tokens
+    rows = torch.arange(n)
+    denominators = step_counts(batch, ttt_steps) if denominators is None else denominators
+    # teacher log-probs over the draft vocab at every row whose next token is supervised
+    need = step_valid(batch, -1)  # [T] row j is a teacher row iff token j+1 is supervised
+    with torch.no_grad():
+        full = teacher(batch.final[need])  # [n_need, V]
+        target_ids = draft.target_ids
+        teacher_logp = torch.zeros(n, target_ids.shape[0])  # [T, Vd]
+        teacher_logp[need] = full[:, target_ids].log_softmax(-1)
+        in_vocab = torch.zeros(n, dtype=torch.bool)  # [T]
+        in_vocab[need] = draft.t2d[full.argmax(-1)]
+        teacher_arg = teacher_logp.argmax(-1)  # [T] draft ids
+    same = batch.seg_start[:, None] == batch.seg_start[None, :]  # [T, T]
+    causal = same & (rows[None, :] <= rows[:, None])  # [T, T] step-0 keys a query may see
+    attn = draft.midlayer.self_attn
+    hidden = draft.project_aux(batch.aux)  # [T, H]
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    loss = torch.zeros(())
+    sums, correct, counted, terms = [], [], [], []
+    for k in range(ttt_steps):
+        tok_rows = (rows + k + 1).clamp(max=n - 1)  # [T]
+        x = draft.layer_inputs(batch.input_ids[tok_rows], hidden)  # [T, 2H]
+        cos, sin = rope_cos_sin(batch.positions + k, attn.head_dim, draft.cfg.rope_theta)
+        q, key, value = attn.qkv(x, cos, sin)  # [T, nh, d] each
+        keys.append(key)
+        values.append(value)
+        scale = q.shape[-1] ** -0.5
+        scores0 = torch.einsum("qhd,khd->hqk", q, keys[0]) * scale  # [nh, T, T]
+        scores0 = scores0.masked_fill(~causal[None], float("-inf"))
+        if k == 0:
+            probs = scores0.softmax(-1)
+            out = torch.einsum("hqk,khd->qhd", probs, values[0])  # [T, nh, d]
+        else:
+            diag = torch.stack([(q * kj).sum(-1) for kj in keys[1:]], dim=-1) * scale  # [T, nh, k]
+            probs = torch.cat([scores0, diag.permute(1, 0, 2)], dim=-1).softmax(-1)  # [nh, T, T+k]
+            out = torch.einsum("hqk,khd->qhd", probs[..., :n], values[0])  # [T, nh, d]
+            p_diag = probs[..., n:].permute(1, 0, 2)  # [T, nh, k]
+            out = out + sum(p_diag[..., j - 1, None] * values[j] for j in range(1, k + 1))  # [T, nh, d]
+        prenorm = draft.finish(out.reshape(n, -1), hidden)  # [T, H]
+        mask = step_valid(batch, k) & in_vocab[tok_rows]  # [T]
+        term = torch.zeros(n)
+        if bool(mask.any()):
+            logits = draft.logits(prenorm[mask])  # [m, Vd]
+            t_logp = teacher_logp[tok_rows[mask]]  # [m, Vd]
+            ce = -(t_logp.exp() * F.log_softmax(logits.float(), -1)).sum(-1)  # [m]
+            loss = loss + (step_decay**k) * ce.sum() / denominators[k].clamp(min=1)
+            term = term.index_put((mask.nonzero().squeeze(1),), ce.detach())
+            correct.append((logits.argmax(-1) == teacher_arg[tok_rows[mask]]).sum().float())
+        else:
+            correct.append(torch.zeros(()))
+        sums.append(term.sum())
+        counted.append(mask.sum().float())
+        terms.append(term)
+        hidden = prenorm
+    return TTTResult(loss, torch.stack(sums), torch.stack(correct), torch.stack(counted), terms)
+
+
+def simulated_acceptance(accuracy: list[float]) -> float:
+    """Expected accepted draft tokens per round, sum_k prod_{i<=k} acc_i (tau = this + 1)."""
+    total, running = 0.0, 1.0
+    for acc in accuracy:
+        running *= acc
+        total += running
+    return total

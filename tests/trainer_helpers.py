@@ -1,0 +1,91 @@
+"""Helpers for the trainer's tests and the τ run: tiny random verifiers and in-process features.
+
+``write_features`` runs the hf backend (``server.backends.hf.HfBackend``) in this process and writes
+a features directory with the SDK's ``FeaturesWriter``: the same bytes ``eagle3 extract`` would
+write, without a server. It lives here (not in ``draft_trainer``) because the trainer never imports
+``server``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from client.features_writer import FeaturesWriter
+from client.protocol.features import FeaturesMeta
+from client.protocol.prepared import PreparedSample, iter_prepared
+from client.sample import ExtractedSample
+from server.backends.base import BackendConfig
+from server.backends.hf import HfBackend
+
+
+def tiny_llama_dir(out_dir: Path, *, hidden_size: int = 64, vocab_size: int = 97, n_layers: int = 4, seed: int = 0) -> Path:
+    """A random LlamaForCausalLM saved as safetensors (fp32), with a config like a real checkpoint's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=n_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        eos_token_id=2, bos_token_id=1, pad_token_id=2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def random_samples(n_samples: int, vocab_size: int, *, min_len: int = 8, max_len: int = 24, seed: int = 0) -> list[PreparedSample]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n_samples):
+        n = int(rng.integers(min_len, max_len + 1))
+        ids = [int(x) for x in rng.integers(3, vocab_size, size=n)]
+        prompt = int(rng.integers(2, n // 2 + 1))
+        out.append(PreparedSample(f"s{i}", ids, [0] * prompt + [1] * (n - prompt)))
+    return out
+
+
+def write_features(
+    samples: Sequence[PreparedSample] | Path, out_dir: Path, model_dir: Path, *, dtype: str = "float32", shard_mb: float = 0.05,
+    aux_layer_ids: tuple[int, ...] | None = (1, 2, 3),
+) -> Path:
+    """Extract ``samples`` (or a prepared dir) with an in-process hf backend into ``out_dir``.
+
+    ``aux_layer_ids`` defaults to (1, 2, 3) for the 4-layer test models; None: the server's default."""
+    if isinstance(samples, Path):
+        samples = list(iter_prepared(samples))
+    backend = HfBackend(BackendConfig(model=str(model_dir), aux_layer_ids=aux_layer_ids, dtype=dtype, device="cpu"))
+    info = backend.load(lambda phase, fraction: None)
+    meta = FeaturesMeta(
+        model_id=info.model_id, revision=info.revision, aux_layer_ids=info.aux_layer_ids,
+        final_layer_id=info.final_layer_id, hidden_size=info.hidden_size, vocab_size=info.vocab_size,
+        dtype="bfloat16", tokenizer_sha256=info.tokenizer_sha256, n_samples_total=len(samples),
+    )  # fmt: skip
+    writer = FeaturesWriter.open(out_dir, meta, shard_mb=shard_mb)
+    for sample in samples:
+        states = backend.extract([sample.input_ids])[0]  # [T, L, H]
+        bits = states.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)  # [T, L, H] bf16 bits
+        writer.add(ExtractedSample(
+            sample.sample_id, np.asarray(sample.input_ids, dtype=np.int32), np.asarray(sample.loss_mask, dtype=np.uint8),
+            bits, info.aux_layer_ids, info.final_layer_id,
+        ))  # fmt: skip
+    writer.close()
+    backend.close()
+    return out_dir
+
+
+def write_prepared(samples: Sequence[PreparedSample], out_dir: Path, model_dir: Path, vocab_size: int) -> Path:
+    """A prepared directory (samples.jsonl + meta.json) for tests that go through eval's prompt selection."""
+    from client.protocol.prepared import PreparedMeta
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "samples.jsonl").write_text("".join(s.to_json() + "\n" for s in samples))
+    meta = PreparedMeta(model=str(model_dir), model_dir=str(model_dir), tokenizer_sha256="", chat_template_sha256="",
+                        vocab_size=vocab_size, max_length=256, overlong="drop", inputs=["test"])  # fmt: skip
+    (out_dir / "meta.json").write_text(meta.to_json())
+    (out_dir / "stats.json").write_text(json.dumps({"samples_kept": len(samples)}))
+    return out_dir
