@@ -62,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage in ("train", "all"):
         from draft_trainer.train import train
 
-        overrides = dict(TRAIN_DEFAULTS, features=str(work / "features"), vocab=str(work / f"vocab-{args.draft_vocab_size}"),
-                         model="smollm2", out=str(work / "run"))  # fmt: skip
+        vocab = str(work / f"vocab-{args.draft_vocab_size}")
+        overrides = dict(
+            TRAIN_DEFAULTS, features=str(work / "features"), vocab=vocab, model="smollm2", out=str(work / "run")
+        )
         overrides.update(parse_overrides(args.set))
         result = train(load_config(None, overrides))
         print(json.dumps({"steps": result.steps, "train_s": round(result.train_s, 1), **result.heldout}), flush=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from draft_trainer.vocab import VOCAB_FILE, VocabStats, make_vocab
-from eagle3.cli_args import positive_int
+from eagle3.cli_args import add_model_argument, positive_int
 
 
 def add_vocab_command(sub: Any) -> None:
@@ -46,3 +46,93 @@ def run_vocab(args: argparse.Namespace) -> int:
     print(format_vocab_stats(stats))
     print(f"wrote {out / VOCAB_FILE}")
     return 0
+
+
+def add_trainer_commands(sub: Any) -> None:
+    """``eagle3 train``, ``eagle3 export``, ``eagle3 eval``."""
+    p = sub.add_parser(
+        "train",
+        help="train an EAGLE-3 draft on a features directory",
+        description="Train the 1-layer EAGLE-3 draft with training-time test on features written by eagle3 "
+        "extract. Resumes RUN/checkpoint.pt when present. Under torchrun, each rank reads its own batches.",
+    )
+    p.add_argument("--features", required=True, type=Path, help="features directory (eagle3 extract)")
+    p.add_argument("--vocab", required=True, type=Path, help="vocab directory or vocab.safetensors (eagle3 vocab)")
+    add_model_argument(p)
+    p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics, draft/)")
+    p.add_argument("--config", type=Path, default=None, help="config file (.json or .toml) of TrainConfig keys")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
+    p.set_defaults(func=run_train)
+
+    p = sub.add_parser(
+        "export",
+        help="export a trained draft in vLLM's EAGLE-3 format",
+        description="Write config.json + model.safetensors that vLLM loads as LlamaForCausalLMEagle3.",
+    )
+    p.add_argument("run", type=Path, help="run directory (or its draft/)")
+    p.add_argument("--out", required=True, type=Path, help="export directory")
+    p.add_argument("--format", choices=("vllm",), default="vllm", help="export format (default vllm)")
+    p.set_defaults(func=run_export)
+
+    p = sub.add_parser(
+        "eval",
+        help="measure acceptance (tau) and speedup of an exported draft",
+        description="Speculative decoding with the verifier on prompts not used in training: tau, speedup, and "
+        "a check that the output equals the verifier's greedy output. --engine vllm runs real vLLM.",
+    )
+    p.add_argument("export", type=Path, help="export directory (eagle3 export)")
+    p.add_argument("--prepared", required=True, type=Path, help="prepared dataset the prompts come from")
+    p.add_argument("--features", type=Path, default=None, help="training features: their prompts are excluded")
+    add_model_argument(p)
+    p.add_argument("-k", type=positive_int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--n-prompts", type=positive_int, default=10, help="held-out prompts (default 10)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt (default 48)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
+    p.add_argument("--engine", choices=("eagle3", "vllm"), default="eagle3", help="decoder (default eagle3)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run_eval)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from draft_trainer.config import load_config, parse_overrides
+    from draft_trainer.train import train
+
+    overrides: dict[str, Any] = {"features": str(args.features), "vocab": str(args.vocab), "model": args.model,
+                                 "out": str(args.out)}  # fmt: skip
+    overrides.update(parse_overrides(args.set))
+    result = train(load_config(args.config, overrides))
+    state = "stopped by SIGTERM (checkpoint saved; rerun to resume)" if result.stopped_early else "finished"
+    print(f"train {state} at step {result.steps} in {result.train_s:.1f} s; run {result.run_dir}")
+    if result.heldout:
+        accs = "  ".join(f"{100 * a:.1f}%" for a in result.heldout["heldout_acc"])
+        print(f"  held-out acc per step {accs}; simulated tau {1 + result.heldout['heldout_sim_accept']:.2f}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from draft_trainer.export import check_export, export_draft
+
+    out = export_draft(args.run, args.out, format=args.format)
+    check_export(out)
+    print(f"exported {args.run} -> {out} ({args.format} format; shapes match vLLM's Eagle3 loader)")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from draft_trainer.evaluate import evaluate, heldout_prompts
+
+    if args.engine == "vllm":
+        from draft_trainer.evaluate_vllm import evaluate_vllm
+        from eagle3.models import resolve_model_dir
+
+        prompts = heldout_prompts(args.prepared, args.features, args.n_prompts)
+        report = evaluate_vllm(args.export, resolve_model_dir(args.model), prompts, k=args.k,
+                               max_new_tokens=args.max_new_tokens)  # fmt: skip
+        print(json.dumps(report.to_json()) if args.json else report.format_text())
+        return 0
+    result = evaluate(args.export, prepared=args.prepared, features=args.features, model=args.model, k=args.k,
+                      n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads)  # fmt: skip
+    print(json.dumps(result.to_dict()) if args.json else result.format_text())
+    return 0 if result.identical else 1

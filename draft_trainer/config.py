@@ -7,10 +7,11 @@ Unknown keys and values of the wrong type are errors naming the key (and the fil
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from draft_trainer.errors import ConfigError
 

@@ -14,11 +14,14 @@ generated tokens; output ids are ``<prompt id>-distill``; the samples file is wr
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 
 from client.protocol.prepared import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedSample, iter_prepared, read_meta
+
+logger = logging.getLogger(__name__)
 
 
 def prompt_of(sample: PreparedSample) -> list[int]:
@@ -55,7 +58,7 @@ def regenerate(
 
     prepared_dir, out = Path(prepared_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()  # type: ignore[no-untyped-call]
     eos_id = int(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, int)
                  else model.generation_config.eos_token_id[0])  # fmt: skip
     pad_id = eos_id
@@ -80,7 +83,7 @@ def regenerate(
                                         source=f"{prepared_dir} {sample_id} (verifier greedy)")  # fmt: skip
                 fh.write(sample.to_json() + "\n")
                 n_written += 1
-            print(f"distill: {n_written}/{len(prompts)} samples, {time.monotonic() - started:.0f} s", flush=True)
+            logger.info("distill: %d/%d samples, %.0f s", n_written, len(prompts), time.monotonic() - started)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, out / SAMPLES_FILE)

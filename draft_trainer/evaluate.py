@@ -47,7 +47,8 @@ class EvalResult:
             f"speculative decoding, k={self.k}, {self.n_prompts} held-out prompts, {self.generated_tokens} tokens",
             f"  tau (mean acceptance length)  {self.tau:.2f}  ({self.rounds} rounds)",
             "  accepted at position          " + "  ".join(f"{100 * a:.0f}%" for a in self.accepted_per_position),
-            f"  speedup vs verifier alone     {self.speedup:.2f}x  ({self.baseline_s:.1f} s -> {self.speculative_s:.1f} s)",
+            f"  speedup vs verifier alone     {self.speedup:.2f}x  "
+            f"({self.baseline_s:.1f} s -> {self.speculative_s:.1f} s)",
             f"  output identical to greedy    {'yes' if self.identical else 'NO'}",
         ]
         if self.offline_acc:
@@ -77,16 +78,17 @@ def load_export_draft(export_dir: str | Path, embed: torch.Tensor) -> EagleDraft
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)  # full vocab: identity
     model.load_state_dict(state)
     model.embed_tokens.copy_(embed)
-    return model.eval()
+    model.eval()
+    return model
 
 
 def heldout_prompts(prepared: str | Path, features: str | Path | None, n_prompts: int) -> list[list[int]]:
     """Up to ``n_prompts`` distinct prompts of ``prepared`` that no features sample starts with."""
     trained: set[tuple[int, ...]] = set()
     if features is not None:
-        for sample in FeaturesReader(features):
-            mask = sample.loss_mask.tolist()
-            trained.add(tuple(sample.input_ids[: mask.index(1) if 1 in mask else len(mask)].tolist()))
+        for extracted in FeaturesReader(features):
+            mask = extracted.loss_mask.tolist()
+            trained.add(tuple(extracted.input_ids[: mask.index(1) if 1 in mask else len(mask)].tolist()))
     prompts: list[list[int]] = []
     seen: set[tuple[int, ...]] = set()
     for sample in iter_prepared(prepared):
@@ -131,7 +133,8 @@ def evaluate(
     model_dir = resolve_model_dir(model)
     target, tensors = load_verifier_tensors(model_dir)
     draft = load_export_draft(export_dir, tensors["embed"])
-    verifier = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).eval()
+    verifier = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+    verifier.eval()  # type: ignore[no-untyped-call]
     eos = target.get("eos_token_id")
     eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
     taps = VerifierTaps(verifier, draft.cfg.aux_layer_ids)
@@ -160,4 +163,3 @@ def evaluate(
         result.offline_acc = offline_acceptance(draft, teacher, features, k)
         result.offline_tau = 1.0 + simulated_acceptance(result.offline_acc)
     return result
-

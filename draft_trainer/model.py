@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn import functional
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,9 @@ class DraftConfig:
         return cls(**dict(data, aux_layer_ids=tuple(data["aux_layer_ids"])))
 
 
-def draft_config_from_target(target: dict[str, Any], draft_vocab_size: int, aux_layer_ids: tuple[int, ...]) -> DraftConfig:
+def draft_config_from_target(
+    target: dict[str, Any], draft_vocab_size: int, aux_layer_ids: tuple[int, ...]
+) -> DraftConfig:
     """A draft the size of one verifier layer, from the verifier's HF ``config.json`` dict."""
     rope = target.get("rope_parameters") or {}
     theta = float(target.get("rope_theta") or rope.get("rope_theta") or 10000.0)
@@ -128,7 +130,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # type: ignore[no-any-return]
+        return self.down_proj(functional.silu(self.gate_proj(x)) * self.up_proj(x))  # type: ignore[no-any-return]
 
 
 class MidLayer(nn.Module):
@@ -143,6 +145,10 @@ class MidLayer(nn.Module):
 
 class EagleDraft(nn.Module):
     """Parameters named as the export. ``embed_tokens`` is a frozen non-persistent buffer."""
+
+    d2t: torch.Tensor  # [Vd] int64 offsets
+    t2d: torch.Tensor  # [V] bool
+    embed_tokens: torch.Tensor  # [V, H]
 
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
@@ -167,8 +173,7 @@ class EagleDraft(nn.Module):
     @property
     def target_ids(self) -> torch.Tensor:
         """[Vd] int64: the target id of each draft id."""
-        d2t: torch.Tensor = self.d2t
-        return torch.arange(d2t.shape[0], device=d2t.device) + d2t
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     def project_aux(self, aux: torch.Tensor) -> torch.Tensor:
         """``aux`` [T, 3*Ht] -> [T, H]: the first step's hidden input."""
@@ -176,7 +181,7 @@ class EagleDraft(nn.Module):
 
     def layer_inputs(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """[T] ids, [T, H] hidden -> [T, 2H] attention input."""
-        embeds = F.embedding(token_ids, self.embed_tokens)  # [T, H]
+        embeds = functional.embedding(token_ids, self.embed_tokens)  # [T, H]
         mid = self.midlayer
         return torch.cat([mid.input_layernorm(embeds), mid.hidden_norm(hidden)], dim=-1)  # [T, 2H]
 

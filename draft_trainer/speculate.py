@@ -65,8 +65,12 @@ class DraftCache:
         self.keys, self.values = self.keys[:length], self.values[:length]
 
 
-def draft_step(draft: EagleDraft, cache: DraftCache, tokens: torch.Tensor, hidden: torch.Tensor, start_pos: int) -> torch.Tensor:
-    """Run ``m`` new rows (tokens [m], hidden [m, H]) at positions start_pos.. ; appends to ``cache``; -> prenorm [m, H]."""
+def draft_step(
+    draft: EagleDraft, cache: DraftCache, tokens: torch.Tensor, hidden: torch.Tensor, start_pos: int
+) -> torch.Tensor:
+    """``m`` new rows (tokens [m], hidden [m, H]) at positions ``start_pos..``, appended to ``cache``.
+
+    Returns the pre-norm outputs [m, H]."""
     m = tokens.shape[0]
     attn = draft.midlayer.self_attn
     positions = torch.arange(start_pos, start_pos + m)
@@ -89,7 +93,8 @@ class GenerationStats:
 
 def _verifier_step(model: Any, ids: list[int], cache: Any) -> torch.Tensor:
     out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-    return out.logits[0]  # [m, V]
+    logits: torch.Tensor = out.logits[0]  # [m, V]
+    return logits
 
 
 def _crop(cache: Any, length: int) -> None:
@@ -119,7 +124,13 @@ def greedy_generate(model: Any, prompt: list[int], max_new_tokens: int, eos_id: 
 
 @torch.inference_mode()
 def speculative_generate(
-    model: Any, draft: EagleDraft, taps: VerifierTaps, prompt: list[int], k: int, max_new_tokens: int, eos_id: int | None
+    model: Any,
+    draft: EagleDraft,
+    taps: VerifierTaps,
+    prompt: list[int],
+    k: int,
+    max_new_tokens: int,
+    eos_id: int | None,
 ) -> GenerationStats:
     """Greedy speculative decoding with ``k`` chained draft tokens per round (see the module docstring)."""
     from transformers import DynamicCache

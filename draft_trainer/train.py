@@ -65,7 +65,9 @@ def build_draft(cfg: TrainConfig, meta_hidden: int, aux_ids: tuple[int, ...]) ->
     vocab = load_vocab(vocab_path.parent if vocab_path.name == VOCAB_FILE else vocab_path)
     target, tensors = load_verifier_tensors(resolve_model(cfg.model))
     if int(target["hidden_size"]) != meta_hidden:
-        raise DataError(f"features hidden size {meta_hidden} != verifier {cfg.model} hidden size {target['hidden_size']}")
+        raise DataError(
+            f"features hidden size {meta_hidden} != verifier {cfg.model} hidden size {target['hidden_size']}"
+        )
     if vocab.target_vocab_size != int(target["vocab_size"]):
         raise DataError(f"vocab {cfg.vocab} is over {vocab.target_vocab_size} ids, verifier has {target['vocab_size']}")
     draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids)
@@ -100,7 +102,7 @@ class _Stop:
     def __init__(self) -> None:
         self.requested = False
 
-    def __call__(self, signum: int, frame: Any) -> None:
+    def __call__(self, _signum: int, _frame: Any) -> None:
         self.requested = True
 
 
@@ -176,9 +178,13 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         started = time.perf_counter()
-        batches = [self.data.load(b, cfg.max_batch_tokens if cfg.truncate else None) for b in self.my_micro_batches(self.step)]
+        batches = [
+            self.data.load(b, cfg.max_batch_tokens if cfg.truncate else None) for b in self.my_micro_batches(self.step)
+        ]
         data_s = time.perf_counter() - started
-        counts = _all_reduce(sum((step_counts(b, cfg.ttt_steps) for b in batches), torch.zeros(cfg.ttt_steps)), self.world)
+        counts = _all_reduce(
+            sum((step_counts(b, cfg.ttt_steps) for b in batches), torch.zeros(cfg.ttt_steps)), self.world
+        )
         self.optimizer.zero_grad(set_to_none=True)
         stats = torch.zeros(3, cfg.ttt_steps)  # loss sums, correct, counted terms
         loss_total = torch.zeros(())
@@ -186,7 +192,7 @@ class Trainer:
             with torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16,
                                 enabled=cfg.autocast_bf16):  # fmt: skip
                 result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts)
-            result.loss.backward()
+            result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
         if self.world > 1:
@@ -214,7 +220,9 @@ class Trainer:
         plan = self.data.plan(self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False,
                               truncate=True)  # fmt: skip
         for positions in plan[self.rank :: self.world]:
-            result = ttt_forward(self.model, self.teacher, self.data.load(positions, cfg.max_batch_tokens), cfg.ttt_steps)
+            result = ttt_forward(
+                self.model, self.teacher, self.data.load(positions, cfg.max_batch_tokens), cfg.ttt_steps
+            )
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
         _all_reduce(stats, self.world)
         acc = (stats[1] / stats[2].clamp(min=1)).tolist()
@@ -232,7 +240,7 @@ def _progress(step: int, total: int, record: dict[str, Any], started: float, tok
     done = int(30 * step / total)
     line = (f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{total} {step / elapsed:.2f} steps/s "
             f"{tokens / elapsed:,.0f} tok/s loss {record['loss']:.3f} accept {record['sim_accept']:.2f}")  # fmt: skip
-    print(line, end="" if step < total else "\n", file=sys.stderr, flush=True)
+    print(line, end="" if step < total else "\n", file=sys.stderr, flush=True)  # noqa: T201
 
 
 def train(cfg: TrainConfig) -> RunResult:

@@ -22,16 +22,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
+from torch.nn import functional
 
 from draft_trainer.model import EagleDraft, rope_cos_sin
 
 
 class Teacher(torch.nn.Module):
     """The verifier's final ``norm`` and ``lm_head``: logits from stored pre-norm final states."""
+
+    norm_weight: torch.Tensor  # [Ht]
+    lm_head_weight: torch.Tensor  # [V, Ht]
 
     def __init__(self, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor, eps: float) -> None:
         super().__init__()
@@ -42,10 +46,10 @@ class Teacher(torch.nn.Module):
     def forward(self, final: torch.Tensor) -> torch.Tensor:
         """[n, Ht] -> [n, V] logits."""
         normed = final * torch.rsqrt(final.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight
-        return normed @ self.lm_head_weight.T  # type: ignore[no-any-return]
+        return normed @ self.lm_head_weight.T
 
 
-def load_verifier_tensors(model_dir: str | Path) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
+def load_verifier_tensors(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The verifier's config dict and just ``embed_tokens``, ``norm``, ``lm_head`` (never the model)."""
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
@@ -156,7 +160,7 @@ def ttt_forward(
         if bool(mask.any()):
             logits = draft.logits(prenorm[mask])  # [m, Vd]
             t_logp = teacher_logp[tok_rows[mask]]  # [m, Vd]
-            ce = -(t_logp.exp() * F.log_softmax(logits.float(), -1)).sum(-1)  # [m]
+            ce = -(t_logp.exp() * functional.log_softmax(logits.float(), -1)).sum(-1)  # [m]
             loss = loss + (step_decay**k) * ce.sum() / denominators[k].clamp(min=1)
             term = term.index_put((mask.nonzero().squeeze(1),), ce.detach())
             correct.append((logits.argmax(-1) == teacher_arg[tok_rows[mask]]).sum().float())

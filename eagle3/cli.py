@@ -24,7 +24,8 @@ from client.prepare import PrepareError
 from client.prepare_workers import WorkerError
 from client.protocol import PreparedFormatError
 from client.protocol.features import FeaturesFormatError
-from draft_trainer.cli import add_vocab_command
+from draft_trainer.cli import add_trainer_commands, add_vocab_command
+from draft_trainer.errors import TrainerError
 from draft_trainer.vocab import VocabError
 from eagle3 import __version__
 from eagle3.demo import add_demo_command
@@ -41,6 +42,7 @@ USER_ERRORS = (
     SettingsError,
     SourceError,
     TemplateError,
+    TrainerError,
     VocabError,
     WorkerError,
     OSError,  # unreadable input, unwritable output directory, ...
@@ -73,6 +75,7 @@ def build_parser() -> ArgumentParser:
     add_prepare_command(sub)
     add_vocab_command(sub)
     add_extract_command(sub)
+    add_trainer_commands(sub)
     add_demo_command(sub)
     add_serve_command(sub)
     return parser

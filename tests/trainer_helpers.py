@@ -23,7 +23,9 @@ from server.backends.base import BackendConfig
 from server.backends.hf import HfBackend
 
 
-def tiny_llama_dir(out_dir: Path, *, hidden_size: int = 64, vocab_size: int = 97, n_layers: int = 4, seed: int = 0) -> Path:
+def tiny_llama_dir(
+    out_dir: Path, *, hidden_size: int = 64, vocab_size: int = 97, n_layers: int = 4, seed: int = 0
+) -> Path:
     """A random LlamaForCausalLM saved as safetensors (fp32), with a config like a real checkpoint's."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -38,7 +40,9 @@ def tiny_llama_dir(out_dir: Path, *, hidden_size: int = 64, vocab_size: int = 97
     return out_dir
 
 
-def random_samples(n_samples: int, vocab_size: int, *, min_len: int = 8, max_len: int = 24, seed: int = 0) -> list[PreparedSample]:
+def random_samples(
+    n_samples: int, vocab_size: int, *, min_len: int = 8, max_len: int = 24, seed: int = 0
+) -> list[PreparedSample]:
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n_samples):
@@ -50,7 +54,12 @@ def random_samples(n_samples: int, vocab_size: int, *, min_len: int = 8, max_len
 
 
 def write_features(
-    samples: Sequence[PreparedSample] | Path, out_dir: Path, model_dir: Path, *, dtype: str = "float32", shard_mb: float = 0.05,
+    samples: Sequence[PreparedSample] | Path,
+    out_dir: Path,
+    model_dir: Path,
+    *,
+    dtype: str = "float32",
+    shard_mb: float = 0.05,
     aux_layer_ids: tuple[int, ...] | None = (1, 2, 3),
 ) -> Path:
     """Extract ``samples`` (or a prepared dir) with an in-process hf backend into ``out_dir``.
@@ -69,10 +78,9 @@ def write_features(
     for sample in samples:
         states = backend.extract([sample.input_ids])[0]  # [T, L, H]
         bits = states.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)  # [T, L, H] bf16 bits
-        writer.add(ExtractedSample(
-            sample.sample_id, np.asarray(sample.input_ids, dtype=np.int32), np.asarray(sample.loss_mask, dtype=np.uint8),
-            bits, info.aux_layer_ids, info.final_layer_id,
-        ))  # fmt: skip
+        ids = np.asarray(sample.input_ids, dtype=np.int32)  # [T]
+        mask = np.asarray(sample.loss_mask, dtype=np.uint8)  # [T]
+        writer.add(ExtractedSample(sample.sample_id, ids, mask, bits, info.aux_layer_ids, info.final_layer_id))
     writer.close()
     backend.close()
     return out_dir
