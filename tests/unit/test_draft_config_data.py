@@ -1,0 +1,93 @@
+"""Config (file + overrides, errors naming the key) and data (split, token-budget plans, packing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from draft_trainer.config import TrainConfig, load_config, parse_overrides
+from draft_trainer.data import FeaturesData
+from draft_trainer.errors import ConfigError, DataError
+from eagle3.cli import main
+from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
+
+
+def test_config_file_then_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "train.toml"
+    path.write_text('lr = 0.01\nttt_steps = 3\nfeatures = "f"\n')
+    cfg = load_config(path, {"ttt_steps": "5", "autocast_bf16": "true"})
+    assert (cfg.lr, cfg.ttt_steps, cfg.features, cfg.autocast_bf16) == (0.01, 5, "f", True)
+    saved = tmp_path / "config.json"
+    saved.write_text(cfg.to_json())
+    assert load_config(saved) == cfg  # the resolved config a run saves loads back unchanged
+
+
+def test_config_errors_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'learning_rate'"):
+        load_config(None, {"learning_rate": "1"})
+    with pytest.raises(ConfigError, match="ttt_steps expects int"):
+        load_config(None, {"ttt_steps": "seven"})
+    bad = tmp_path / "c.json"
+    bad.write_text('{"max_batch_tokens": 0}')
+    with pytest.raises(ConfigError, match="max_batch_tokens must be >= 1"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["lr"])
+    assert TrainConfig().ttt_steps == 7
+
+
+@pytest.fixture(scope="module")
+def features(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("feat")
+    model = tiny_llama_dir(root / "model", hidden_size=32)
+    return write_features(random_samples(30, 97, min_len=5, max_len=40, seed=1), root / "features", model)
+
+
+def test_split_and_plans(features: Path) -> None:
+    data = FeaturesData(features, heldout_fraction=0.2)
+    train, held = data.split.train, data.split.heldout
+    assert set(train).isdisjoint(held) and len(train) + len(held) == 30 and held
+    assert FeaturesData(features, heldout_fraction=0.2).split == data.split  # a pure function of the ids
+    plan = data.plan(train, 64, seed=0, epoch=0)
+    assert sorted(p for b in plan for p in b) == sorted(train)  # every sample once per epoch
+    assert all(sum(int(data.n_tokens[p]) for p in b) <= 64 for b in plan)
+    assert plan == data.plan(train, 64, seed=0, epoch=0)
+    assert plan != data.plan(train, 64, seed=0, epoch=1)
+
+
+def test_packed_batch_matches_the_reader(features: Path) -> None:
+    data = FeaturesData(features)
+    batch = data.load([3, 0])
+    first, second = data.reader[3], data.reader[0]
+    n = first.n_tokens
+    assert batch.n_tokens == n + second.n_tokens
+    np.testing.assert_array_equal(batch.input_ids[:n].numpy(), first.input_ids)
+    np.testing.assert_array_equal(batch.final[n:].numpy(), second.final_hidden_state)
+    np.testing.assert_array_equal(batch.aux[:n].numpy(), first.aux_hidden_states.reshape(n, -1))
+    assert batch.positions[n].item() == 0 and batch.seg_start[n].item() == n and batch.seg_end[0].item() == n
+
+
+def test_overlong_sample_is_named(features: Path) -> None:
+    data = FeaturesData(features)
+    first_long = int(np.nonzero(data.n_tokens > 20)[0][0])
+    with pytest.raises(DataError, match=f"'{data.reader.sample_ids[first_long]}' has"):
+        data.plan(tuple(range(30)), 20, seed=0, epoch=0, shuffle=False)
+    assert data.plan(tuple(range(30)), 20, seed=0, epoch=0, truncate=True)
+
+
+def test_cli_rejects_unknown_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--features", "f", "--vocab", "v", "--out", "o", "--lr", "1"])
+    assert exc.value.code == 2
+    assert "'--lr'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "x", "--prepared", "p", "--engine", "tgi"])
+    assert exc.value.code == 2
+
+
+def test_cli_train_reports_bad_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["train", "--features", str(tmp_path), "--vocab", "v", "--out", str(tmp_path / "run")])
+    assert code == 1
+    assert "not a features directory" in capsys.readouterr().err
