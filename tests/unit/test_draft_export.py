@@ -37,7 +37,8 @@ def _contract(h: int, ht: int, nh: int, nkv: int, d: int, inter: int, vd: int, v
         m + "input_layernorm.weight": (h,), m + "hidden_norm.weight": (h,), m + "post_attention_layernorm.weight": (h,),
         m + "self_attn.q_proj.weight": (nh * d, 2 * h), m + "self_attn.k_proj.weight": (nkv * d, 2 * h),
         m + "self_attn.v_proj.weight": (nkv * d, 2 * h), m + "self_attn.o_proj.weight": (h, nh * d),
-        m + "mlp.gate_proj.weight": (inter, h), m + "mlp.up_proj.weight": (inter, h), m + "mlp.down_proj.weight": (h, inter),
+        m + "mlp.gate_proj.weight": (inter, h), m + "mlp.up_proj.weight": (inter, h),
+        m + "mlp.down_proj.weight": (h, inter),
         "norm.weight": (h,), "lm_head.weight": (vd, h), "t2d": (v,),
     }  # fmt: skip
     if vd != v:
