@@ -94,13 +94,17 @@ class VllmSpecReport:
     speculative_tokens_per_s: float
     baseline_load_s: float
     speculative_load_s: float
+    generated_token_ids: tuple[tuple[int, ...], ...] = ()  # per prompt, with the draft (== without when identical)
 
     @property
     def speedup(self) -> float:
         return self.speculative_tokens_per_s / self.baseline_tokens_per_s if self.baseline_tokens_per_s else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "speedup": self.speedup}
+        """The figures (no token ids), for JSON output."""
+        data = asdict(self)
+        del data["generated_token_ids"]
+        return {**data, "speedup": self.speedup}
 
     def format_text(self) -> str:
         per_pos = "  ".join(f"{r:.3f}" for r in self.acceptance_rate_per_pos)
@@ -300,6 +304,7 @@ def build_report(export_dir: Path, model_dir: Path, k: int, dtype: str, prompt_i
         speculative_tokens_per_s=spec.tokens_per_s,
         baseline_load_s=base.load_s,
         speculative_load_s=spec.load_s,
+        generated_token_ids=spec.token_ids,
     )
 
 
