@@ -1,0 +1,98 @@
+"""Exact resume: a run killed (SIGKILL) and stopped (SIGTERM) midway, then resumed, follows the same
+loss curve as an uninterrupted run; SIGTERM leaves a checkpoint and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from draft_trainer.checkpoint import CHECKPOINT_FILE
+from draft_trainer.config import load_config
+from draft_trainer.train import METRICS_FILE, train
+from draft_trainer.vocab import build_draft_vocab, save_vocab
+from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("resume")
+    model = tiny_llama_dir(root / "model", hidden_size=32)
+    samples = random_samples(48, 97, seed=2)
+    features = write_features(samples, root / "features", model)
+    counts = np.bincount([i for s in samples for i, m in zip(s.input_ids, s.loss_mask, strict=True) if m], minlength=97)
+    vocab, stats = build_draft_vocab(counts, 64)
+    save_vocab(vocab, stats, counts, root / "vocab")
+    return {"features": str(features), "vocab": str(root / "vocab"), "model": str(model), "ttt_steps": "3",
+            "max_batch_tokens": "96", "epochs": "40", "checkpoint_every_steps": "3", "progress": "false",
+            "lr": "3e-3", "warmup_steps": "5"}  # fmt: skip
+
+
+def _losses(run: Path) -> list[tuple[int, float]]:
+    lines = (run / METRICS_FILE).read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines) if "loss" in r]
+
+
+def _start(settings: dict[str, str], run: Path) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "draft_trainer.run", "--features", settings["features"], "--vocab", settings["vocab"],
+            "--model", settings["model"], "--out", str(run)]  # fmt: skip
+    for key, value in settings.items():
+        if key not in ("features", "vocab", "model"):
+            args += ["--set", f"{key}={value}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait_for_step(proc: subprocess.Popen[bytes], run: Path, min_step: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (proc.stdout.read() if proc.stdout else b"").decode()[-2000:]
+        if (run / CHECKPOINT_FILE).exists() and (run / METRICS_FILE).exists() and _losses(run)[-1:] \
+                and _losses(run)[-1][0] >= min_step:  # fmt: skip
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step {min_step} within {timeout_s} s")
+
+
+def test_killed_and_stopped_run_resumes_to_the_same_curve(setup: dict[str, str], tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    reference = train(load_config(None, dict(setup, out=str(tmp_path / "reference"))))
+    want = _losses(tmp_path / "reference")
+    total = reference.steps
+    assert total >= 30
+
+    run = tmp_path / "interrupted"
+    proc = _start(setup, run)
+    _wait_for_step(proc, run, 4)
+    proc.send_signal(signal.SIGKILL)  # no chance to save: resume from the last periodic checkpoint
+    proc.wait()
+    killed_at = torch.load(run / CHECKPOINT_FILE, weights_only=False)["step"]
+    assert 0 < killed_at < total
+
+    proc = _start(setup, run)
+    _wait_for_step(proc, run, killed_at + 4)
+    proc.send_signal(signal.SIGTERM)  # saves a checkpoint at the end of the current step, exits 0
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out.decode()[-2000:]
+    assert b"stopped by SIGTERM" in out
+    stopped_at = torch.load(run / CHECKPOINT_FILE, weights_only=False)["step"]
+    assert killed_at < stopped_at < total
+
+    resumed = train(load_config(None, dict(setup, out=str(run))))
+    assert resumed.steps == total
+    got = _losses(run)
+    assert [s for s, _ in got] == list(range(1, total + 1))  # each step logged once, none lost or repeated
+    np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-5, atol=1e-6)
+    assert resumed.heldout["heldout_acc"] == pytest.approx(reference.heldout["heldout_acc"], abs=1e-6)
+    assert (run / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
