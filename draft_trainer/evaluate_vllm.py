@@ -132,11 +132,11 @@ def render_prompts(model_dir: str | Path, prompts: Sequence[Prompt]) -> list[lis
     rendered: list[list[int]] = []
     tokenizer: Any = None
     for i, prompt in enumerate(prompts):
-        items = list(prompt)
+        items: list[Any] = list(prompt)
         if not items:
             raise VllmEvalError(f"prompt {i} is empty")
         if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-            rendered.append([int(t) for t in items])  # type: ignore[arg-type]
+            rendered.append([int(t) for t in items])
             continue
         if not all(isinstance(m, dict) and "role" in m and "content" in m for m in items):
             raise VllmEvalError(f"prompt {i} is neither token ids nor chat messages with 'role' and 'content'")
@@ -196,7 +196,7 @@ def run_engine(llm_kwargs: dict[str, Any], prompt_ids: list[list[int]], max_new_
         cmd = [sys.executable, "-m", "draft_trainer.evaluate_vllm", str(request), str(result)]
         with open(log_path, "ab") as log:
             try:
-                proc = subprocess.run(
+                proc = subprocess.run(  # noqa: S603 (our own interpreter and module)
                     cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False
                 )
             except subprocess.TimeoutExpired as exc:
@@ -341,7 +341,7 @@ def _child(request_path: str, result_path: str) -> None:
     sampling = vllm.SamplingParams(
         max_tokens=int(request["max_new_tokens"]), temperature=0.0, ignore_eos=bool(request["ignore_eos"])
     )
-    prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
+    prompts: list[Any] = [vllm.TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
     llm.generate(prompts[:1], vllm.SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)  # warm-up
     before = _spec_counters(llm)
     started = time.monotonic()
