@@ -38,8 +38,8 @@ def test_two_gloo_processes_equal_one_with_the_same_global_batch(tmp_path: Path)
     common = {"ttt_steps": "3", "max_batch_tokens": "64", "epochs": "3", "progress": "false", "lr": "3e-3",
               "warmup_steps": "2", "heldout_fraction": "0.1"}  # fmt: skip
 
-    single = train(load_config(None, dict(common, features=str(features), vocab=str(tmp_path / "vocab"), model=str(model),
-                                          out=str(tmp_path / "single"), grad_accum_steps="2")))  # fmt: skip
+    paths = {"features": str(features), "vocab": str(tmp_path / "vocab"), "model": str(model)}
+    single = train(load_config(None, dict(common, **paths, out=str(tmp_path / "single"), grad_accum_steps="2")))
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
             "-m", "draft_trainer.run", "--features", str(features), "--vocab", str(tmp_path / "vocab"),
             "--model", str(model), "--out", str(tmp_path / "ddp")]  # fmt: skip

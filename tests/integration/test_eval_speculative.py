@@ -4,6 +4,7 @@ verifier's greedy output, on many prompts, with a draft trained on the verifier'
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,7 +46,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_distilled_samples_are_the_verifiers_greedy_answers(trained: dict[str, Path]) -> None:
     from transformers import AutoModelForCausalLM
 
-    verifier = AutoModelForCausalLM.from_pretrained(str(trained["model"]), dtype=torch.float32)
+    verifier: Any = AutoModelForCausalLM.from_pretrained(str(trained["model"]), dtype=torch.float32)
     for sample in list(iter_prepared(trained["distilled"]))[:5]:
         start = sample.loss_mask.index(1)
         prompt = torch.tensor([sample.input_ids[:start]])
@@ -68,7 +69,7 @@ def test_speculative_output_equals_transformers_generate(trained: dict[str, Path
     from transformers import AutoModelForCausalLM
 
     check_export(trained["export"])
-    verifier = AutoModelForCausalLM.from_pretrained(str(trained["model"]), dtype=torch.float32)
+    verifier: Any = AutoModelForCausalLM.from_pretrained(str(trained["model"]), dtype=torch.float32)
     _, tensors = load_verifier_tensors(trained["model"])
     draft = load_export_draft(trained["export"], tensors["embed"])
     taps = VerifierTaps(verifier, draft.cfg.aux_layer_ids)
