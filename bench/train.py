@@ -1,0 +1,63 @@
+"""Training throughput on CPU: tokens/s and the share of time in data loading vs compute. Prints JSON.
+
+    python -m bench.train --features FEATURES --vocab VOCAB [--model smollm2] [--steps 20]
+        [--max-batch-tokens 1024] [--ttt-steps 4] [--threads 1]
+
+Runs ``--warmup`` steps unmeasured, then ``--steps`` optimizer steps of the real training loop
+(``draft_trainer.train.Trainer.train_step``: packed batch loading from the memory-mapped features,
+TTT forward, backward, AdamW). Data time = reading + widening + packing the batch; compute = the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+
+import torch
+
+from draft_trainer.config import load_config
+from draft_trainer.train import Trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("--features", required=True)
+    parser.add_argument("--vocab", required=True)
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--max-batch-tokens", type=int, default=1024)
+    parser.add_argument("--ttt-steps", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as out:
+        cfg = load_config(None, {"features": args.features, "vocab": args.vocab, "model": args.model, "out": out,
+                                 "max_batch_tokens": args.max_batch_tokens, "ttt_steps": args.ttt_steps,
+                                 "torch_threads": args.threads, "epochs": 1000, "progress": False})  # fmt: skip
+        trainer = Trainer(cfg)
+        for _ in range(args.warmup):
+            trainer.train_step()
+        records = []
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            records.append(trainer.train_step())
+        wall_s = time.perf_counter() - started
+    tokens = sum(r["tokens"] for r in records)
+    data_s = sum(r["data_s"] for r in records)
+    step_s = sum(r["step_s"] for r in records)
+    print(json.dumps({
+        "bench": "train", "device": "cpu", "torch_threads": args.threads, "cpu": platform.machine(),
+        "torch": torch.__version__, "steps": args.steps, "max_batch_tokens": args.max_batch_tokens,
+        "ttt_steps": args.ttt_steps, "draft_vocab_size": trainer.model.cfg.draft_vocab_size,
+        "tokens": tokens, "wall_s": round(wall_s, 2), "train_tokens_per_s": round(tokens / wall_s, 1),
+        "steps_per_s": round(args.steps / wall_s, 3), "data_share": round(data_s / step_s, 4),
+        "compute_share": round(1 - data_s / step_s, 4), "data_ms_per_step": round(1000 * data_s / args.steps, 1),
+    }))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
