@@ -80,40 +80,15 @@ def verifier_head_draft(model_dir: Path) -> Any:
     return draft
 
 
-def export_with_trainer(draft: Any, model_dir: Path, out_dir: Path) -> Path:
-    """TEMPORARY until draft_trainer.export lands: writes DESIGN.md §3.6 by hand."""
-    from safetensors.torch import save_file
+def export_with_trainer(draft: Any, run_dir: Path, export_dir: Path) -> Path:
+    """The trainer's own path: ``save_draft`` (a run's ``draft/``), ``export_draft``, ``check_export``."""
+    from draft_trainer.checkpoint import save_draft
+    from draft_trainer.export import check_export, export_draft
 
-    target = json.loads((model_dir / "config.json").read_text())
-    cfg = draft.cfg
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
-               for k, v in draft.state_dict().items()}  # fmt: skip
-    save_file(tensors, str(out_dir / "model.safetensors"))
-    ids = list(cfg.aux_layer_ids)
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
-        "vocab_size": cfg.target_vocab_size,
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": cfg.target_hidden_size,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "hidden_act": "silu",
-        "max_position_embeddings": target["max_position_embeddings"],
-        "rope_parameters": target["rope_parameters"],
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "eagle_aux_hidden_state_layer_ids": ids,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
-    }
-    (out_dir / "config.json").write_text(json.dumps(config, indent=1))
-    return out_dir
+    save_draft(draft, run_dir / "draft")
+    out = export_draft(run_dir, export_dir)
+    check_export(out)
+    return out
 
 
 def expected_acceptance(generated: list[list[int]], vocab: set[int], k: int) -> tuple[int, list[int]]:
@@ -139,7 +114,7 @@ def test_vllm_greedy_with_eagle3_draft_equals_without(smollm2_dir: Path, tmp_pat
 
     from draft_trainer.evaluate_vllm import evaluate_vllm, render_prompts
 
-    export_dir = export_with_trainer(verifier_head_draft(smollm2_dir), smollm2_dir, tmp_path / "export")
+    export_dir = export_with_trainer(verifier_head_draft(smollm2_dir), tmp_path / "run", tmp_path / "export")
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
     loops: list[Any] = [[tokenizer(t, add_special_tokens=False)["input_ids"][0]] * 20 for t in LOOP_TOKENS]
     prompts: list[Any] = [[{"role": "user", "content": q}] for q in QUESTIONS] + loops
