@@ -60,8 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_logs": str(log_dir),
     }
     if not args.skip_eagle3:
-        eagle3 = evaluate(args.export, prepared=args.prepared, features=args.features, model=args.model, k=args.k,
-                          n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads)  # fmt: skip
+        eagle3 = evaluate(
+            args.export,
+            prepared=args.prepared,
+            features=args.features,
+            model=args.model,
+            k=args.k,
+            n_prompts=args.n_prompts,
+            max_new_tokens=args.max_new_tokens,
+            threads=args.threads,
+        )
         out["eagle3"] = eagle3.to_dict()
         out["tau_vllm_minus_eagle3"] = vllm_report.mean_acceptance_length - eagle3.tau
         # eagle3's accepted_per_position is P(accepted >= i+1) per round, vLLM's the same per draft
