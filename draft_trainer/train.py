@@ -38,7 +38,14 @@ from draft_trainer.config import TrainConfig
 from draft_trainer.data import FeaturesData
 from draft_trainer.errors import ConfigError, DataError
 from draft_trainer.model import EagleDraft, draft_config_from_target
-from draft_trainer.ttt import Teacher, load_verifier_tensors, simulated_acceptance, step_counts, ttt_forward
+from draft_trainer.ttt import (
+    PackedBatch,
+    Teacher,
+    load_verifier_tensors,
+    simulated_acceptance,
+    step_counts,
+    ttt_forward,
+)
 from draft_trainer.vocab import VOCAB_FILE, load_vocab
 
 METRICS_FILE = "metrics.jsonl"
@@ -146,6 +153,7 @@ class Trainer:
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, self.total_steps))
         self._plans: dict[int, list[list[int]]] = {0: first}
+        self._in_vocab: dict[int, torch.Tensor] = {}  # reader position -> [n] bool, teacher argmax in vocab
         self.step = 0
 
     def plan(self, epoch: int) -> list[list[int]]:
@@ -170,6 +178,17 @@ class Trainer:
         self.step = int(state["step"])
         return True
 
+    def in_vocab(self, positions: list[int], batch: PackedBatch) -> torch.Tensor:
+        """[T] bool for a packed batch, each sample's rows computed once (the teacher never changes)."""
+        parts, row = [], 0
+        for pos in positions:
+            n = int((batch.seg_end[row] - batch.seg_start[row]).item())
+            if pos not in self._in_vocab:
+                self._in_vocab[pos] = self.teacher.argmax_in_vocab(batch.final[row : row + n], self.model.t2d)
+            parts.append(self._in_vocab[pos])
+            row += n
+        return torch.cat(parts)
+
     def my_micro_batches(self, step: int) -> list[list[int]]:
         epoch, index = divmod(step, self.steps_per_epoch)
         group = self.plan(epoch)[index * self.micro_per_step : (index + 1) * self.micro_per_step]
@@ -178,9 +197,8 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         started = time.perf_counter()
-        batches = [
-            self.data.load(b, cfg.max_batch_tokens if cfg.truncate else None) for b in self.my_micro_batches(self.step)
-        ]
+        positions = self.my_micro_batches(self.step)
+        batches = [self.data.load(b, cfg.max_batch_tokens if cfg.truncate else None) for b in positions]
         data_s = time.perf_counter() - started
         counts = _all_reduce(
             sum((step_counts(b, cfg.ttt_steps) for b in batches), torch.zeros(cfg.ttt_steps)), self.world
@@ -188,10 +206,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats = torch.zeros(3, cfg.ttt_steps)  # loss sums, correct, counted terms
         loss_total = torch.zeros(())
-        for batch in batches:
+        for batch, pos in zip(batches, positions, strict=True):
+            in_vocab = self.in_vocab(pos, batch)
             with torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16,
                                 enabled=cfg.autocast_bf16):  # fmt: skip
-                result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts)
+                result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts, in_vocab)
             result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])

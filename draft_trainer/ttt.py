@@ -42,11 +42,21 @@ class Teacher(torch.nn.Module):
         self.register_buffer("norm_weight", norm_weight.float())  # [Ht]
         self.register_buffer("lm_head_weight", lm_head_weight.float())  # [V, Ht]
         self.eps = eps
+        self._columns: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, lm_head rows^T) cache
 
-    def forward(self, final: torch.Tensor) -> torch.Tensor:
-        """[n, Ht] -> [n, V] logits."""
+    def forward(self, final: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, Ht] -> [n, V] logits, or [n, len(columns)] for just those target ids."""
         normed = final * torch.rsqrt(final.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight
-        return normed @ self.lm_head_weight.T
+        if columns is None:
+            return normed @ self.lm_head_weight.T
+        if self._columns is None or not torch.equal(self._columns[0], columns):
+            self._columns = (columns.clone(), self.lm_head_weight[columns].T.contiguous())  # [Ht, Vd]
+        return normed @ self._columns[1]
+
+    @torch.no_grad()
+    def argmax_in_vocab(self, final: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
+        """[n, Ht] -> [n] bool: the full-vocab argmax lies in the draft vocab (``t2d`` [V])."""
+        return t2d[self(final).argmax(-1)]
 
 
 def load_verifier_tensors(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -112,20 +122,29 @@ def ttt_forward(
     ttt_steps: int,
     step_decay: float = 0.8,
     denominators: torch.Tensor | None = None,
+    teacher_in_vocab: torch.Tensor | None = None,
 ) -> TTTResult:
-    """Unroll ``ttt_steps`` draft steps; ``denominators`` [K] defaults to this batch's ``step_counts``."""
+    """Unroll ``ttt_steps`` draft steps; ``denominators`` [K] defaults to this batch's ``step_counts``.
+
+    ``teacher_in_vocab`` [T] bool (the teacher's full-vocab argmax of each row is in the draft vocab),
+    when a caller has it cached, spares the full-vocab teacher logits: only the draft-vocab columns are
+    computed (the softmax over them is the same either way)."""
     n = batch.n_tokens
     rows = torch.arange(n)
     denominators = step_counts(batch, ttt_steps) if denominators is None else denominators
     # teacher log-probs over the draft vocab at every row whose next token is supervised
     need = step_valid(batch, -1)  # [T] row j is a teacher row iff token j+1 is supervised
     with torch.no_grad():
-        full = teacher(batch.final[need])  # [n_need, V]
         target_ids = draft.target_ids
         teacher_logp = torch.zeros(n, target_ids.shape[0])  # [T, Vd]
-        teacher_logp[need] = full[:, target_ids].log_softmax(-1)
-        in_vocab = torch.zeros(n, dtype=torch.bool)  # [T]
-        in_vocab[need] = draft.t2d[full.argmax(-1)]
+        if teacher_in_vocab is None:
+            full = teacher(batch.final[need])  # [n_need, V]
+            teacher_logp[need] = full[:, target_ids].log_softmax(-1)
+            in_vocab = torch.zeros(n, dtype=torch.bool)  # [T]
+            in_vocab[need] = draft.t2d[full.argmax(-1)]
+        else:
+            teacher_logp[need] = teacher(batch.final[need], target_ids).log_softmax(-1)  # [n_need, Vd]
+            in_vocab = teacher_in_vocab & need
         teacher_arg = teacher_logp.argmax(-1)  # [T] draft ids
     same = batch.seg_start[:, None] == batch.seg_start[None, :]  # [T, T]
     causal = same & (rows[None, :] <= rows[:, None])  # [T, T] step-0 keys a query may see
