@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from eagle3.models import DEFAULT_MODEL, is_embedded_name, resolve_model_dir
-from server.config import ServerSettings, SettingsError, parse_api_keys
+from server.config import ServerSettings, SettingsError, default_tensor_parallel_size, parse_api_keys
 
 
 def add_serve_command(sub: Any) -> None:
@@ -29,7 +29,12 @@ def add_serve_command(sub: Any) -> None:
     p.add_argument("--aux-layer-ids", default=None, help="comma-separated, default 2,N//2,N-3")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument(
+        "--tensor-parallel-size", type=int, default=None, help="vllm: default all CUDA GPUs up to 8, 1 on CPU"
+    )
+    p.add_argument("--kv-cache-gib", type=float, default=None, help="vllm: KV cache size (CPU default 2)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="vllm on CUDA (default 0.9)")
+    p.add_argument("--vllm-compile", action="store_true", help="vllm: torch.compile + CUDA graphs instead of eager")
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per forward pass")
     p.add_argument("--max-model-len", type=int, default=None, help="longest sample (default: the model's)")
     p.add_argument("--max-inflight-tokens", type=int, default=ServerSettings.max_inflight_tokens)
@@ -58,6 +63,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             aux = tuple(int(x) for x in args.aux_layer_ids.split(","))
         except ValueError:
             raise SettingsError(f"--aux-layer-ids {args.aux_layer_ids!r}: expected integers like 2,15,27") from None
+    tensor_parallel_size = args.tensor_parallel_size
+    if tensor_parallel_size is None:  # counting GPUs imports torch: only when vllm may run
+        tensor_parallel_size = 1 if args.backend == "hf" else default_tensor_parallel_size()
     return ServerSettings(
         model=args.model,
         backend=args.backend,
@@ -66,7 +74,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         aux_layer_ids=aux,
         dtype=args.dtype,
         device=args.device,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=tensor_parallel_size,
+        kv_cache_gib=args.kv_cache_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        vllm_compile=args.vllm_compile,
         max_batch_tokens=args.max_batch_tokens,
         max_model_len=args.max_model_len,
         max_inflight_tokens=args.max_inflight_tokens,

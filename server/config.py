@@ -22,7 +22,10 @@ class ServerSettings:
     aux_layer_ids: tuple[int, ...] | None = None  # None: (2, N // 2, N - 3)
     dtype: str = "bfloat16"
     device: str = "auto"
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # vllm only; the CLI default is default_tensor_parallel_size()
+    kv_cache_gib: float | None = None  # vllm only: KV cache size (CPU default 2 GiB; CUDA: gpu_memory_utilization)
+    gpu_memory_utilization: float | None = None  # vllm on CUDA only (vLLM's default 0.9)
+    vllm_compile: bool = False  # vllm only: torch.compile + CUDA graphs instead of eager mode
     max_batch_tokens: int = 8192  # tokens per forward pass
     max_model_len: int | None = None  # None: the model's own
     max_inflight_tokens: int = 1 << 21  # admitted and not yet streamed out, all tenants
@@ -55,14 +58,37 @@ class ServerSettings:
             raise SettingsError("--heartbeat-s must be > 0 and --drain-timeout-s >= 0")
         if self.backend not in ("auto", "hf", "vllm"):
             raise SettingsError(f"--backend must be auto, hf or vllm, got {self.backend!r}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise SettingsError(f"--kv-cache-gib must be positive, got {self.kv_cache_gib}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise SettingsError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in ("bfloat16", "float32"):
             raise SettingsError(f"--dtype must be bfloat16 or float32, got {self.dtype!r}")
+
+    @property
+    def backend_extra(self) -> dict[str, str]:
+        """Backend-specific knobs as ``BackendConfig.extra`` (only the ones set; server/backends/vllm.py)."""
+        extra: dict[str, str] = {}
+        if self.kv_cache_gib is not None:
+            extra["kv_cache_gib"] = str(self.kv_cache_gib)
+        if self.gpu_memory_utilization is not None:
+            extra["gpu_memory_utilization"] = str(self.gpu_memory_utilization)
+        if self.vllm_compile:
+            extra["compile"] = "1"
+        return extra
 
     @property
     def request_token_cap(self) -> int:
         """The most tokens one request may carry: it must also fit the in-flight quotas, else it could
         never be admitted (a 400, not an endless 429)."""
         return min(self.max_request_tokens, self.max_tenant_inflight_tokens, self.max_inflight_tokens)
+
+
+def default_tensor_parallel_size() -> int:
+    """All local CUDA GPUs up to 8 (one server per 8-GPU node), 1 without CUDA."""
+    import torch
+
+    return max(1, min(8, torch.cuda.device_count())) if torch.cuda.is_available() else 1
 
 
 def parse_api_keys(keys: list[str], keys_file: str | None) -> dict[str, str]:
