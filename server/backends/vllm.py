@@ -120,6 +120,22 @@ def _drop_chat_warmup_warning(record: logging.LogRecord) -> bool:
     return "Chat template warmup failed" not in record.getMessage()
 
 
+def bind_cpu_workers(tensor_parallel_size: int) -> None:
+    """vLLM binds each CPU worker to its own NUMA node and refuses TP > the number of nodes; on a
+    one-node box split the allowed cores into ``tensor_parallel_size`` contiguous groups instead
+    (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``). A value the operator set is kept."""
+    if tensor_parallel_size <= 1 or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
+        return
+    if len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) >= tensor_parallel_size:
+        return  # vLLM's own NUMA binding applies
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tensor_parallel_size:
+        raise BackendError(f"tensor parallel {tensor_parallel_size} on CPU needs as many cores; {len(cores)} allowed")
+    per_rank = len(cores) // tensor_parallel_size
+    groups = [cores[r * per_rank : (r + 1) * per_rank] for r in range(tensor_parallel_size)]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
+
+
 class VllmBackend:
     name = "vllm"
 
@@ -161,6 +177,8 @@ class VllmBackend:
         self.store_dir = tempfile.mkdtemp(prefix="eagle3-vllm-hs-", dir=handover_root(self.config))
         kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], max_model_len, device, self.store_dir)
         export_package_root()
+        if device == "cpu":
+            bind_cpu_workers(self.config.tensor_parallel_size)
         progress(f"starting vLLM {vllm.__version__} engine (tp={self.config.tensor_parallel_size}, {device})", 0.05)
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup_warning)
         try:
