@@ -71,6 +71,7 @@ class Runtime:
                     max_batch_tokens=s.max_batch_tokens,
                     max_model_len=s.max_model_len,
                     tensor_parallel_size=s.tensor_parallel_size,
+                    extra=s.backend_extra,
                 )
                 self.backend = make_backend(s.backend, config)
             info = self.backend.load(self._progress)

@@ -35,6 +35,7 @@ def tiny_llama_dir(root: Path, tokenizer_from: Path | None = None, n_layers: int
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    root.mkdir(parents=True, exist_ok=True)
     vocab_size = 512
     if tokenizer_from is not None:
         from transformers import AutoTokenizer

@@ -55,8 +55,9 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log_path, "wb") as log:
-        proc = eagle3("serve", "--port", str(port), "--max-batch-tokens", "1024", "--heartbeat-s", "1",
-                      root=SERVER_ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        backend = os.environ.get("EAGLE3_E2E_BACKEND", "hf")  # `--backend auto` would pick vllm
+        proc = eagle3("serve", "--port", str(port), "--backend", backend, "--max-batch-tokens", "1024",
+                      "--heartbeat-s", "1", root=SERVER_ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

@@ -29,7 +29,7 @@ MAX_MODEL_LEN = 512
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("api")
-    model = tiny_llama_dir(root / "tiny", tokenizer_from=smollm2_dir) if (root / "tiny").mkdir() is None else None
+    model = tiny_llama_dir(root / "tiny", tokenizer_from=smollm2_dir)
     args = ["--model", str(model), "--dtype", "float32", "--max-batch-tokens", "128", "--max-request-tokens", "40000",
             "--max-tenant-inflight-tokens", "60000", "--max-body-mb", "1", "--max-payload-mb", "0.1",
             "--heartbeat-s", "0.5"]  # fmt: skip

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_loading_ready_draining_and_clean_exit(tmp_path: Path) -> None:
-    model = tiny_llama_dir((tmp_path / "tiny").resolve()) if (tmp_path / "tiny").mkdir() is None else None
+    model = tiny_llama_dir((tmp_path / "tiny").resolve())
     args = ["--model", str(model), "--dtype", "float32", "--max-batch-tokens", "64", "--drain-timeout-s", "60",
             "--heartbeat-s", "0.2"]  # fmt: skip
     server = LiveServer(args, tmp_path / "server.log")
