@@ -36,7 +36,7 @@ def closure(root: str, extras: tuple[str, ...]) -> dict[str, str]:
             seen[canonicalize_name(name)] = dist.version.split("+", 1)[0]
         for line in dist.requires or []:
             req = Requirement(line)
-            env = {**default_environment(), "extra": ""}
+            env = {key: str(value) for key, value in default_environment().items()}
             active = req.marker is None or any(req.marker.evaluate({**env, "extra": e}) for e in ("", *wanted))
             if active:
                 todo.append((req.name, tuple(sorted(req.extras))))
