@@ -37,6 +37,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	# deployment files, offline: hadolint binary from PyPI, bundled compose-spec and Kubernetes schemas
+	$(BIN)/hadolint docker/*.Dockerfile
+	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yaml
+	$(BIN)/kubernetes-validate --strict --quiet deploy/k8s/*.yaml
 
 check: lint test
 
