@@ -205,7 +205,10 @@ def test_services_select_the_server_pods():
     labels = server["spec"]["template"]["metadata"]["labels"]
     assert server["spec"]["selector"]["matchLabels"].items() <= labels.items()
     services = {doc["metadata"]["name"]: doc for doc in of_kind("Service")}
-    assert services[server["spec"]["serviceName"]]["spec"]["clusterIP"] == "None", "per-pod DNS needs headless"
+    headless = services[server["spec"]["serviceName"]]["spec"]
+    assert headless["clusterIP"] == "None", "per-pod DNS names need a headless Service"
+    # a loading pod must answer 503 + Retry-After (the SDK waits) rather than not resolve (it gives up)
+    assert headless["publishNotReadyAddresses"] is True
     port_names = {p["name"] for p in serve_container()["ports"]}
     for service in services.values():
         assert service["spec"]["selector"].items() <= labels.items()
