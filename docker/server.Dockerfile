@@ -9,7 +9,7 @@
 # vLLM and every other package the base image ships stay exactly as they are: eagle3 is installed with
 # the base image's own versions as constraints, so pip only adds what is missing (zstandard, ...).
 # The verifier is never baked in: mount a local Hugging Face checkpoint directory at /models/verifier
-# (nothing is downloaded at run time: HF_HUB_OFFLINE=1). The same image runs the trainer under torchrun.
+# (nothing is downloaded at run time: HF_HUB_OFFLINE=1).
 FROM vllm/vllm-openai:v0.32.0
 
 ENV HOME=/home/eagle3 \
