@@ -88,6 +88,14 @@ def add_trainer_commands(sub: Any) -> None:
     p.add_argument("--n-prompts", type=positive_int, default=10, help="held-out prompts (default 10)")
     p.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
+    p.add_argument(
+        "--heldout-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="prompts of the features' held-out split (the hash split training used with this "
+        "fraction: training's distribution, never trained on) instead of prompts absent from --features",
+    )
     p.add_argument("--engine", choices=("eagle3", "vllm"), default="eagle3", help="decoder (default eagle3)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run_eval)
@@ -127,12 +135,13 @@ def run_eval(args: argparse.Namespace) -> int:
         from draft_trainer.evaluate_vllm import evaluate_vllm
         from eagle3.models import resolve_model_dir
 
-        prompts = heldout_prompts(args.prepared, args.features, args.n_prompts)
+        prompts = heldout_prompts(args.prepared, args.features, args.n_prompts, args.heldout_fraction)
         report = evaluate_vllm(args.export, resolve_model_dir(args.model), prompts, k=args.k,
                                max_new_tokens=args.max_new_tokens)  # fmt: skip
         print(json.dumps(report.to_json()) if args.json else report.format_text())
         return 0
     result = evaluate(args.export, prepared=args.prepared, features=args.features, model=args.model, k=args.k,
-                      n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads)  # fmt: skip
+                      n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads,
+                      heldout_fraction=args.heldout_fraction)  # fmt: skip
     print(json.dumps(result.to_dict()) if args.json else result.format_text())
     return 0 if result.identical else 1

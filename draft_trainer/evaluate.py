@@ -16,7 +16,7 @@ import torch
 
 from client.features_reader import FeaturesReader
 from client.protocol.prepared import iter_prepared
-from draft_trainer.data import FeaturesData
+from draft_trainer.data import FeaturesData, is_heldout
 from draft_trainer.errors import CheckpointError, DataError
 from draft_trainer.export import read_export
 from draft_trainer.model import DraftConfig, EagleDraft
@@ -82,22 +82,36 @@ def load_export_draft(export_dir: str | Path, embed: torch.Tensor) -> EagleDraft
     return model
 
 
-def heldout_prompts(prepared: str | Path, features: str | Path | None, n_prompts: int) -> list[list[int]]:
-    """Up to ``n_prompts`` distinct prompts of ``prepared`` that no features sample starts with."""
+def heldout_prompts(
+    prepared: str | Path, features: str | Path | None, n_prompts: int, heldout_fraction: float | None = None
+) -> list[list[int]]:
+    """Up to ``n_prompts`` distinct prompts of ``prepared`` that were not trained on.
+
+    ``heldout_fraction`` None: prompts that no features sample starts with (unseen by any run on
+    ``features``). A fraction: only prompts of the features' held-out split (``data.is_heldout``, the
+    hash split training uses with that fraction), so the prompts come from the training distribution;
+    no training-split sample starts with one of them."""
     trained: set[tuple[int, ...]] = set()
+    split: set[tuple[int, ...]] = set()
     if features is not None:
         for extracted in FeaturesReader(features):
             mask = extracted.loss_mask.tolist()
-            trained.add(tuple(extracted.input_ids[: mask.index(1) if 1 in mask else len(mask)].tolist()))
+            prompt_ids = tuple(extracted.input_ids[: mask.index(1) if 1 in mask else len(mask)].tolist())
+            held = heldout_fraction is not None and is_heldout(extracted.sample_id, heldout_fraction)
+            (split if held else trained).add(prompt_ids)
+    elif heldout_fraction is not None:
+        raise DataError("prompts of the held-out split need the features directory (--features)")
     prompts: list[list[int]] = []
     seen: set[tuple[int, ...]] = set()
     for sample in iter_prepared(prepared):
         prompt = tuple(sample.input_ids[: sample.loss_mask.index(1)])
-        if prompt and prompt not in trained and prompt not in seen:
+        wanted = prompt in split if heldout_fraction is not None else True
+        if prompt and wanted and prompt not in trained and prompt not in seen:
             seen.add(prompt)
             prompts.append(list(prompt))
     if not prompts:
-        raise DataError(f"{prepared}: every prompt is in the training features; no held-out prompt to evaluate")
+        where = "the held-out split of the features" if heldout_fraction is not None else "the training features"
+        raise DataError(f"{prepared}: no prompt outside {where} to evaluate")
     step = max(1, len(prompts) // n_prompts)  # spread over the dataset, not its first topic
     return prompts[::step][:n_prompts]
 
@@ -124,6 +138,7 @@ def evaluate(
     max_new_tokens: int = 48,
     threads: int = 1,
     dtype: str = "float32",
+    heldout_fraction: float | None = None,
 ) -> EvalResult:
     from transformers import AutoModelForCausalLM
 
@@ -138,7 +153,7 @@ def evaluate(
     eos = target.get("eos_token_id")
     eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
     taps = VerifierTaps(verifier, draft.cfg.aux_layer_ids)
-    prompts = heldout_prompts(prepared, features, n_prompts)
+    prompts = heldout_prompts(prepared, features, n_prompts, heldout_fraction)
     spec_s = base_s = 0.0
     accepted: list[int] = []
     identical, n_tokens = True, 0

@@ -83,3 +83,24 @@ def test_speculative_output_equals_transformers_generate(trained: dict[str, Path
             accepted += sum(spec.accepted)
     assert accepted > 0
     assert np.isfinite(accepted)
+
+
+def test_heldout_split_prompts_come_from_the_features_but_not_from_training(trained: dict[str, Path]) -> None:
+    from client.features_reader import FeaturesReader
+    from draft_trainer.data import is_heldout
+    from draft_trainer.errors import DataError
+
+    fraction = 0.3
+    held: set[tuple[int, ...]] = set()
+    train_split: set[tuple[int, ...]] = set()
+    for sample in FeaturesReader(trained["features"]):
+        prompt = tuple(sample.input_ids[: sample.loss_mask.tolist().index(1)].tolist())
+        (held if is_heldout(sample.sample_id, fraction) else train_split).add(prompt)
+    want = held - train_split
+    assert want, "the fixture's split should hold some prompts out"
+    got = heldout_prompts(trained["prepared"], trained["features"], 1000, heldout_fraction=fraction)
+    assert {tuple(p) for p in got} == want
+    unseen = heldout_prompts(trained["prepared"], trained["features"], 1000)
+    assert not {tuple(p) for p in unseen} & (held | train_split)
+    with pytest.raises(DataError, match="--features"):
+        heldout_prompts(trained["prepared"], None, 5, heldout_fraction=fraction)
