@@ -20,6 +20,7 @@ _COLORS = [
     (148, 103, 189),
     (140, 86, 75),
     (227, 119, 194),
+    (23, 190, 207),
 ]
 
 
@@ -48,24 +49,36 @@ def _panel(draw: ImageDraw.ImageDraw, x0: int, title: str, series: dict[str, lis
         elif values:
             px, py = to_px(*values[0])
             draw.ellipse([px - 3, py - 3, px + 3, py + 3], fill=color)
-        draw.text((left + 8 + 90 * (i % 5), bottom + 18 + 12 * (i // 5)), name, fill=color)
+        draw.text((left + 8 + 62 * (i % 8), bottom + 18 + 12 * (i // 8)), name, fill=color)
+
+
+def _smooth(values: list[tuple[float, float]], window: int) -> list[tuple[float, float]]:
+    """Trailing moving average over ``window`` points (per-batch metrics are noisy)."""
+    out, total = [], 0.0
+    for i, (x, y) in enumerate(values):
+        total += y - (values[i - window][1] if i >= window else 0.0)
+        out.append((x, total / min(i + 1, window)))
+    return out
 
 
 def plot_metrics(metrics_path: Path, out_path: Path) -> Path:
+    """Train loss and per-step accuracy (moving average over ~2% of the steps, steps without supervised
+    tokens skipped), and the held-out per-step accuracy ("held k") of the evaluations in the log."""
     records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
-    train = [r for r in records if "loss" in r]
-    loss = {"loss": [(r["step"], r["loss"]) for r in train]}
+    train = [r for r in records if "loss" in r and r.get("tokens", 1) > 0]
+    window = max(1, len(train) // 50)
+    loss = {"loss": _smooth([(r["step"], r["loss"]) for r in train], window)}
     n_steps = len(train[0]["acc"]) if train else 0
     acc: dict[str, list[tuple[float, float]]] = {
-        f"acc step {k}": [(r["step"], r["acc"][k]) for r in train] for k in range(n_steps)
+        f"train {k}": _smooth([(r["step"], r["acc"][k]) for r in train], window) for k in range(n_steps)
     }
-    held = [r for r in records if "heldout_sim_accept" in r]
-    if held:
-        acc["held-out accept"] = [(r["step"], r["heldout_sim_accept"] / max(1, n_steps)) for r in held]
+    held = [r for r in records if "heldout_acc" in r]
+    for k in range(n_steps if held else 0):
+        acc[f"held {k}"] = [(r["step"], r["heldout_acc"][k]) for r in held]
     image = Image.new("RGB", (2 * _W, _H), "white")
     draw = ImageDraw.Draw(image)
     _panel(draw, 0, "training loss (TTT, decayed sum)", loss)
-    _panel(draw, _W, "per-step accuracy (train); held-out accept / K", acc)
+    _panel(draw, _W, "per-step accuracy: train (moving avg), held-out", acc)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
     image.save(tmp, format="PNG")
     tmp.replace(out_path)
