@@ -190,8 +190,12 @@ class Trainer:
         return torch.cat(parts)
 
     def my_micro_batches(self, step: int) -> list[list[int]]:
+        """This rank's micro-batches of ``step``. Packing a reshuffled epoch can give more micro-batches
+        than epoch 0 (which fixed ``steps_per_epoch``): the epoch's last step takes all that remain, so
+        no sample is dropped (fewer: its last step may have none, and updates nothing)."""
         epoch, index = divmod(step, self.steps_per_epoch)
-        group = self.plan(epoch)[index * self.micro_per_step : (index + 1) * self.micro_per_step]
+        last = index + 1 == self.steps_per_epoch
+        group = self.plan(epoch)[index * self.micro_per_step : None if last else (index + 1) * self.micro_per_step]
         return group[self.rank :: self.world]
 
     def train_step(self) -> dict[str, Any]:

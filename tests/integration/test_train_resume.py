@@ -96,3 +96,21 @@ def test_killed_and_stopped_run_resumes_to_the_same_curve(setup: dict[str, str],
     np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-5, atol=1e-6)
     assert resumed.heldout["heldout_acc"] == pytest.approx(reference.heldout["heldout_acc"], abs=1e-6)
     assert (run / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_epoch_trains_every_sample_once(setup: dict[str, str], tmp_path: Path) -> None:
+    """Reshuffled epochs pack into a varying number of micro-batches; none may be dropped."""
+    from draft_trainer.train import Trainer
+
+    cfg = load_config(None, dict(setup, out=str(tmp_path / "run"), epochs="6"))
+    trainer = Trainer(cfg)
+    counts = {len(trainer.plan(epoch)) for epoch in range(cfg.epochs)}
+    assert len(counts) > 1, "the fixture should give epochs of different micro-batch counts"
+    for epoch in range(cfg.epochs):
+        seen = [
+            pos
+            for step in range(epoch * trainer.steps_per_epoch, (epoch + 1) * trainer.steps_per_epoch)
+            for batch in trainer.my_micro_batches(step)
+            for pos in batch
+        ]
+        assert sorted(seen) == sorted(trainer.data.split.train), f"epoch {epoch}"
