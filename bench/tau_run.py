@@ -8,9 +8,13 @@ Stages (each skips what is already on disk):
   a draft vocab from the original + distilled assistant tokens, features of the distilled samples
   written in-process with the hf backend and the SDK's FeaturesWriter (the bytes ``eagle3 extract``
   writes);
-* train: ``train(load_config(None, overrides))`` into WORK/run;
-* eval: export to WORK/export, then ``evaluate`` (speculative decoding with k=4 on prompts not used in
-  training) printed as JSON.
+* mix: WORK/features-mix = the distilled features + the original chatterbot answers to the distilled
+  training-split prompts (``tests.trainer_helpers.write_features_mix``);
+* train: ``train(load_config(None, overrides))`` into ``--run`` (default WORK/run) on ``--features``;
+* eval: export ``--run`` to RUN-export, then ``evaluate`` (speculative decoding, k=4) twice, printed as
+  JSON lines: on prompts of the distilled features' held-out split (``"prompts": "heldout-split"``,
+  training's distribution) and on prompts absent from them (``"unseen"``, other chatterbot topics).
+  Both prompt sets exclude every prompt trained on.
 """
 
 from __future__ import annotations
@@ -49,23 +53,40 @@ def stage_data(work: Path, draft_vocab_size: int) -> None:
         print(f"features written in {time.monotonic() - started:.0f} s", flush=True)
 
 
+def stage_mix(work: Path) -> None:
+    if (work / "features-mix" / "manifest.jsonl").is_file():
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.trainer_helpers import write_features_mix
+
+    started = time.monotonic()
+    n_extra, n_tokens = write_features_mix(
+        work / "features", work / "prepared", work / "features-mix", resolve_model_dir("smollm2")
+    )
+    print(f"features-mix: +{n_extra} original samples ({n_tokens} tokens) in {time.monotonic() - started:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--work", type=Path, default=Path("/work/cache/tau"))
-    parser.add_argument("--stage", choices=("data", "train", "eval", "all"), default="all")
+    parser.add_argument("--stage", choices=("data", "mix", "train", "eval", "all"), default="all")
+    parser.add_argument("--features", type=Path, default=None, help="training features (default WORK/features)")
+    parser.add_argument("--run", type=Path, default=None, help="run directory (default WORK/run)")
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     work: Path = args.work
+    run: Path = args.run or work / "run"
+    features: Path = args.features or work / "features"
     if args.stage in ("data", "all"):
         stage_data(work, args.draft_vocab_size)
+    if args.stage == "mix":
+        stage_mix(work)
     if args.stage in ("train", "all"):
         from draft_trainer.train import train
 
         vocab = str(work / f"vocab-{args.draft_vocab_size}")
-        overrides = dict(
-            TRAIN_DEFAULTS, features=str(work / "features"), vocab=vocab, model="smollm2", out=str(work / "run")
-        )
+        overrides = dict(TRAIN_DEFAULTS, features=str(features), vocab=vocab, model="smollm2", out=str(run))
         overrides.update(parse_overrides(args.set))
         result = train(load_config(None, overrides))
         print(json.dumps({"steps": result.steps, "train_s": round(result.train_s, 1), **result.heldout}), flush=True)
@@ -73,11 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         from draft_trainer.evaluate import evaluate
         from draft_trainer.export import export_draft
 
-        export_draft(work / "run" / "draft", work / "export")
-        result_eval = evaluate(work / "export", prepared=work / "prepared", features=work / "features", k=4,
-                               n_prompts=10, max_new_tokens=48, threads=1)  # fmt: skip
-        print(result_eval.format_text(), flush=True)
-        print(json.dumps(result_eval.to_dict()), flush=True)
+        export = export_draft(run / "draft", run.with_name(run.name + "-export"))
+        for name, fraction in (("heldout-split", 0.05), ("unseen", None)):
+            result_eval = evaluate(export, prepared=work / "prepared", features=work / "features", k=4, n_prompts=10,
+                                   max_new_tokens=48, threads=1, heldout_fraction=fraction)  # fmt: skip
+            print(result_eval.format_text(), flush=True)
+            print(json.dumps({"prompts": name, **result_eval.to_dict()}), flush=True)
     return 0
 
 

@@ -97,3 +97,46 @@ def write_prepared(samples: Sequence[PreparedSample], out_dir: Path, model_dir: 
     (out_dir / "meta.json").write_text(meta.to_json())
     (out_dir / "stats.json").write_text(json.dumps({"samples_kept": len(samples)}))
     return out_dir
+
+
+def write_features_mix(
+    distilled_features: Path, prepared: Path, out_dir: Path, model_dir: Path, *, heldout_fraction: float = 0.05
+) -> tuple[int, int]:
+    """``out_dir`` = every sample of ``distilled_features`` (copied) + the original answers of ``prepared``
+    whose prompt is a *training-split* prompt of ``distilled_features`` (ids ``orig/<id>``), extracted
+    in-process with the hf backend. The verifier stays the teacher on the original answers (its own
+    distribution at each position), so they are more contexts, not other targets; prompts held out of
+    ``distilled_features`` (its split) and prompts absent from it stay out of the mix, so both
+    ``eagle3 eval`` prompt sets remain unseen. Returns (extra samples, extra tokens)."""
+    import dataclasses
+    import random
+
+    from client.features_reader import FeaturesReader
+    from draft_trainer.data import is_heldout
+
+    src = FeaturesReader(distilled_features)
+    train_prompts: set[tuple[int, ...]] = set()
+    for stored in src:
+        mask = stored.loss_mask.tolist()
+        if not is_heldout(stored.sample_id, heldout_fraction):
+            train_prompts.add(tuple(stored.input_ids[: mask.index(1)].tolist()))
+    extra = [s for s in iter_prepared(prepared) if tuple(s.input_ids[: s.loss_mask.index(1)]) in train_prompts]
+    random.Random(0).shuffle(extra)
+    meta = dataclasses.replace(src.meta, n_samples_total=len(src) + len(extra))
+    writer = FeaturesWriter.open(out_dir, meta, shard_mb=64)
+    for copied in src:
+        writer.add(copied)
+    backend = HfBackend(BackendConfig(model=str(model_dir), aux_layer_ids=None, dtype="float32", device="cpu"))
+    info = backend.load(lambda phase, fraction: None)
+    n_tokens = 0
+    for sample in extra:
+        states = backend.extract([sample.input_ids])[0]  # [T, L, H]
+        bits = states.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)  # [T, L, H] bf16 bits
+        ids = np.asarray(sample.input_ids, dtype=np.int32)  # [T]
+        mask_u8 = np.asarray(sample.loss_mask, dtype=np.uint8)  # [T]
+        writer.add(ExtractedSample(f"orig/{sample.sample_id}", ids, mask_u8, bits, info.aux_layer_ids,
+                                   info.final_layer_id))  # fmt: skip
+        n_tokens += len(sample.input_ids)
+    writer.close()
+    backend.close()
+    return len(extra), n_tokens
