@@ -24,13 +24,13 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.protocol.frames import CODEC_NAMES, PROTOCOL_VERSION
+from client.protocol.frames import CODEC_NAMES
 from server.backends import Backend
 from server.config import ServerSettings
 from server.errors import ApiError
 from server.runtime import Runtime
 from server.scheduler import AdmissionError
-from server.stream import EncodeOptions, ExtractStream, FrameStreamResponse
+from server.stream import EncodeOptions, ExtractStream, FrameStreamResponse, stream_header
 from server.validation import check_samples, parse_request
 
 logger = logging.getLogger(__name__)
@@ -217,23 +217,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
             raise ApiError(
                 exc.status, str(exc), type_=exc.type, reason=exc.reason, retry_after_s=exc.retry_after_s
             ) from None
-        info = rt.info
-        header = {
-            "protocol": PROTOCOL_VERSION,
-            "request_id": request_id,
-            "model_id": info.model_id,
-            "revision": info.revision,
-            "aux_layer_ids": list(info.aux_layer_ids),
-            "final_layer_id": info.final_layer_id,
-            "final_norm_applied": False,
-            "dtype": "bfloat16",
-            "hidden_size": info.hidden_size,
-            "vocab_size": info.vocab_size,
-            "tokenizer_sha256": info.tokenizer_sha256,
-            "n_samples": len(samples),
-            "n_tokens": req.n_tokens,
-            "max_payload_bytes": settings.max_payload_bytes,
-        }
+        header = stream_header(rt.info, request_id, len(samples), req.n_tokens, settings.max_payload_bytes)
         opts = EncodeOptions(
             CODEC_NAMES[parsed.codec or settings.default_codec], parsed.zstd_level, settings.max_payload_bytes
         )

@@ -47,6 +47,12 @@ def add_serve_command(sub: Any) -> None:
         default=ServerSettings.max_payload_bytes / 2**20,
         help="raw bytes per DATA frame; longer samples are split by token range",
     )
+    p.add_argument(
+        "--request-buffer-mb",
+        type=float,
+        default=ServerSettings.request_buffer_bytes / 2**20,
+        help="hidden states one request may hold computed but unsent (a slow reader pauses only itself)",
+    )
     p.add_argument("--default-codec", choices=("zstd+shuffle", "zstd", "none"), default=ServerSettings.default_codec)
     p.add_argument("--api-key", action="append", default=[], help="repeatable; tenant names key-1, key-2, ...")
     p.add_argument("--api-keys-file", default=None, help="lines 'tenant: key' or a JSON object {tenant: key}")
@@ -85,6 +91,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_tokens=args.max_request_tokens,
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_payload_bytes=int(args.max_payload_mb * 2**20),
+        request_buffer_bytes=int(args.request_buffer_mb * 2**20),
         api_keys=parse_api_keys(args.api_key, args.api_keys_file),
         drain_timeout_s=args.drain_timeout_s,
         heartbeat_s=args.heartbeat_s,

@@ -39,6 +39,7 @@ class ServerSettings:
     log_level: str = "info"
     default_codec: str = "zstd+shuffle"
     stream_chunk_bytes: int = 2 << 20  # bytes per HTTP body write (research: 1-4 MB is fastest)
+    request_buffer_bytes: int = 256 << 20  # states one request may hold unstreamed (server/scheduler.py)
 
     def __post_init__(self) -> None:
         positive = (
@@ -50,6 +51,7 @@ class ServerSettings:
             "max_payload_bytes",
             "tensor_parallel_size",
             "stream_chunk_bytes",
+            "request_buffer_bytes",
         )
         for name in positive:
             if getattr(self, name) <= 0:

@@ -39,6 +39,14 @@ class Metrics:
         self.load_time_s = 0.0
         self.gauges: Callable[[], Iterable[tuple[str, str, Labels, float]]] = lambda: ()  # name, help, labels, value
 
+    def reset(self) -> None:
+        """Zero every counter and the histogram (after the load's warm-up request, before ready)."""
+        with self._lock:
+            self._counters.clear()
+            self._fill_counts = [0] * len(FILL_BUCKETS)
+            self._fill_sum = 0.0
+            self._fill_n = 0
+
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         key = tuple(sorted(labels.items()))
         with self._lock:

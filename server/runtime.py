@@ -1,8 +1,15 @@
 """``Runtime``: what one server process owns (backend, scheduler, encoder threads, lifecycle phase).
 
 Created by ``create_app`` and driven by its lifespan: ``start`` loads the backend in a background
-thread (``/readyz`` reports the phase and progress), ``drain`` is the SIGTERM path, ``stop`` releases
+thread (``/readyz`` reports the phase and progress) and warms up the whole request path
+(``server/warmup.py``) before it reports ready; ``drain`` is the SIGTERM path; ``stop`` releases
 everything. There are no module-level singletons: two apps in one process do not share state.
+
+Drain (bounded): refuse new work, let open streams finish for ``drain_timeout_s``; then abort every
+open request (queued samples are dropped, states of the pass in flight are discarded, each stream
+ends with a retryable ERROR frame ``unavailable/draining``) and give the streams ``ABORT_GRACE_S``
+to send it; ``stop`` waits at most ``STOP_WAIT_S`` for a forward pass still running (the worker is a
+daemon thread: it does not hold up exit). ``server/serve.py`` adds a hard deadline on top.
 """
 
 from __future__ import annotations
@@ -20,9 +27,19 @@ from client.protocol.frames import CODEC_NAMES
 from server.backends import Backend, BackendConfig, BackendInfo, make_backend
 from server.config import ServerSettings
 from server.metrics import Metrics
-from server.scheduler import Scheduler
+from server.scheduler import Scheduler, request_buffer_tokens
+from server.warmup import warm_up
 
 logger = logging.getLogger(__name__)
+ABORT_GRACE_S = 5.0  # after the drain timeout: streams get this long to send their ERROR frame
+STOP_WAIT_S = 5.0  # stop(): the longest wait for a forward pass still running
+STATE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}  # per element of the backend's output
+DRAIN_ERROR = {
+    "type": "unavailable",
+    "reason": "draining",
+    "retryable": True,
+    "message": "server shut down before this request finished; retry the samples not received",
+}
 
 
 class Runtime:
@@ -75,10 +92,17 @@ class Runtime:
                 )
                 self.backend = make_backend(s.backend, config)
             info = self.backend.load(self._progress)
-            self._progress("loading tokenizer", 1.0)
+            self._progress("loading tokenizer", 0.96)
             self.chat = load_chat_tokenizer(info.model_dir)
             self.info = info
+            bytes_per_token = info.n_layers_out * info.hidden_size * STATE_BYTES.get(info.dtype, 4)
+            self.scheduler.max_buffered_tokens = request_buffer_tokens(
+                s.max_batch_tokens, bytes_per_token, s.request_buffer_bytes
+            )
             self.scheduler.start()
+            self._progress("warming up the request path", 0.98)
+            timings = warm_up(self)
+            logger.info("warm-up: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
             self.metrics.load_time_s = time.monotonic() - self.started_at
             if self.status == "loading":
                 self.status = "ready"
@@ -91,30 +115,25 @@ class Runtime:
             self.error = f"{type(exc).__name__}: {exc}"
             self.status, self.phase = "failed", f"failed: {self.error}"[:500]
 
-    async def drain(self) -> None:
-        """Refuse new work, let open streams finish for up to ``drain_timeout_s``, then abort them."""
+    async def drain(self) -> bool:
+        """Refuse new work, let open streams finish for up to ``drain_timeout_s``, then abort them.
+        True when every stream finished by itself."""
         self.status = "draining"
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while self.scheduler.n_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        if self.scheduler.n_requests:
-            logger.warning("drain timeout: aborting %d open stream(s)", self.scheduler.n_requests)
-            self.scheduler.abort_all(
-                {
-                    "type": "unavailable",
-                    "reason": "draining",
-                    "retryable": True,
-                    "message": "server shut down before this request finished",
-                }
-            )
-            for _ in range(100):
-                if not self.scheduler.n_requests:
-                    break
-                await asyncio.sleep(0.05)
+        if not self.scheduler.n_requests:
+            return True
+        logger.warning("drain timeout: aborting %d open stream(s)", self.scheduler.n_requests)
+        self.scheduler.abort_all(DRAIN_ERROR)
+        deadline = time.monotonic() + ABORT_GRACE_S
+        while self.scheduler.n_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return False
 
     def stop(self) -> None:
-        if self._thread is not None and self.info is not None:
-            self.scheduler.stop()
+        if self._thread is not None and self.info is not None and not self.scheduler.stop(timeout_s=STOP_WAIT_S):
+            logger.warning("a forward pass is still running after %.0f s; exiting without it", STOP_WAIT_S)
         if self.backend is not None:
             self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

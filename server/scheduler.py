@@ -6,7 +6,9 @@
   sample alone over the budget runs alone), taking turns across tenants by tokens served: the tenant
   with the fewest served tokens goes next (a tenant that becomes active starts level with the least
   served active one, so it neither banks idle time nor pays for old work).
-* Each request has a bounded output buffer (``max_buffered_tokens`` of finished, unstreamed states);
+* Each request has a bounded output buffer (``max_buffered_tokens`` of running, finished and not yet
+  streamed states; ``request_buffer_tokens`` sizes it: two forward passes' worth, so a lone request
+  fills pass k+1 while pass k is being encoded and sent, capped in bytes, never below one full pass);
   while it is full the request's samples are not scheduled, so a slow reader pauses only itself.
 * ``close`` (called exactly once per request, from the stream's ``finally``) drops the request's
   remaining work and returns whatever budget it still holds; releases never exceed the reservation.
@@ -28,6 +30,14 @@ from server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 ExtractFn = Callable[[Sequence[Sequence[int]]], Sequence[Any]]
+
+
+def request_buffer_tokens(max_batch_tokens: int, bytes_per_token: int, max_buffer_bytes: int) -> int:
+    """Per-request output buffer in tokens: ``2 * max_batch_tokens`` (double buffering), at most
+    ``max_buffer_bytes`` of states, but never less than one full forward pass (else a request alone
+    could never fill a pass)."""
+    by_bytes = max_buffer_bytes // max(1, bytes_per_token)
+    return max(max_batch_tokens, min(2 * max_batch_tokens, by_bytes))
 
 
 class AdmissionError(Exception):
@@ -109,7 +119,7 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         self.max_inflight_tokens = max_inflight_tokens
         self.max_tenant_inflight_tokens = max_tenant_inflight_tokens
-        self.max_buffered_tokens = max_buffered_tokens or max_batch_tokens
+        self.max_buffered_tokens = max_buffered_tokens or 2 * max_batch_tokens  # Runtime sets it in bytes
         self.metrics = metrics or Metrics()
         self._cond = threading.Condition()
         self._lock = threading.Lock()  # guards requests' result queues (shared with each Request)
@@ -204,6 +214,12 @@ class Scheduler:
                 req.pending.clear()
                 req.notify()
 
+    def forget_tenant(self, tenant: str) -> None:
+        """Drop ``tenant``'s fairness clock when it has no open request (the warm-up's tenant)."""
+        with self._cond:
+            if not any(r.tenant == tenant for r in self._requests):
+                self._served.pop(tenant, None)
+
     # ---- gauges ----
 
     @property
@@ -232,12 +248,16 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="eagle3-scheduler", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the worker after its current forward pass; wait at most ``timeout_s`` (None: forever).
+        False if the pass is still running then (the thread is a daemon: it does not hold up exit)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
 
     def _active_tenants(self) -> set[str]:
         return {r.tenant for r in self._requests if r.pending}

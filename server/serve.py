@@ -1,16 +1,39 @@
-"""Run the app under uvicorn with eagle3's own signal handling (see server/cli.py for the behaviour)."""
+"""Run the app under uvicorn with eagle3's own signal handling (see server/cli.py for the behaviour).
+
+Exit is bounded: the first SIGTERM/SIGINT drains (``Runtime.drain``: at most ``drain_timeout_s`` +
+``ABORT_GRACE_S``), then uvicorn closes connections (``timeout_graceful_shutdown``) and the lifespan
+stops the runtime; if the process is still up ``SHUTDOWN_GRACE_S`` after the drain ended, a watchdog
+kills its child processes and exits 1. A second SIGTERM/SIGINT at any point does the same at once
+(status 128 + signal number).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
+import signal
 import sys
-from typing import Any
+import threading
+from typing import Any, NoReturn
 
 import uvicorn
 
 from server.app import create_app
 from server.config import ServerSettings
+
+logger = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 30.0  # after the drain: the most the rest of shutdown may take
+GRACEFUL_CLOSE_S = 5  # uvicorn's wait for open connections after the drain
+
+
+def hard_exit(status: int, why: str) -> NoReturn:
+    """Kill child processes (engine workers) and leave now, without the interpreter's cleanup."""
+    print(f"eagle3 serve: {why}; exiting now", file=sys.stderr, flush=True)  # noqa: T201
+    for child in multiprocessing.active_children():
+        child.kill()
+    os._exit(status)
 
 
 class DrainingServer(uvicorn.Server):
@@ -33,11 +56,12 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:  # noqa: ARG002 (uvicorn's signature)
         # Not recorded in _captured_signals: uvicorn would re-raise it on exit and the status would be -15.
-        if self.draining or self.loop is None:
-            self.should_exit = True
-            self.force_exit = self.draining
-            return
+        if self.draining:
+            hard_exit(128 + sig, f"second {signal.Signals(sig).name} while shutting down")
         self.draining = True
+        if self.loop is None:  # not started yet: nothing to drain
+            self.should_exit = True
+            return
         self.loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:
@@ -45,8 +69,15 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         runtime = getattr(self.app.state, "runtime", None)
+        clean = True
         if runtime is not None:
-            await runtime.drain()
+            clean = await runtime.drain()
+        watchdog = threading.Timer(
+            SHUTDOWN_GRACE_S, hard_exit, (1, f"shutdown still running {SHUTDOWN_GRACE_S:.0f} s after the drain")
+        )
+        watchdog.daemon = True
+        watchdog.start()
+        logger.info("drain %s; shutting down", "complete" if clean else "timed out (open streams aborted)")
         self.should_exit = True
 
 
@@ -58,7 +89,7 @@ def serve(settings: ServerSettings) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=GRACEFUL_CLOSE_S,
         lifespan="on",
         log_config=None,
     )

@@ -22,7 +22,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from client.codec import RawTensor, build_safetensors, encode_payload
-from client.protocol.frames import CONTENT_TYPE, Codec, Frame, FrameType, encode_frame
+from client.protocol.frames import CONTENT_TYPE, PROTOCOL_VERSION, Codec, Frame, FrameType, encode_frame
+from server.backends import BackendInfo
 from server.metrics import Metrics
 from server.scheduler import Request, Result, Scheduler
 
@@ -35,6 +36,28 @@ class EncodeOptions:
     codec: Codec
     zstd_level: int
     max_payload_bytes: int
+
+
+def stream_header(
+    info: BackendInfo, request_id: str, n_samples: int, n_tokens: int, max_payload_bytes: int
+) -> dict[str, Any]:
+    """The HEADER frame's meta (docs/protocol.md): what every DATA frame of the stream holds."""
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "request_id": request_id,
+        "model_id": info.model_id,
+        "revision": info.revision,
+        "aux_layer_ids": list(info.aux_layer_ids),
+        "final_layer_id": info.final_layer_id,
+        "final_norm_applied": False,
+        "dtype": "bfloat16",
+        "hidden_size": info.hidden_size,
+        "vocab_size": info.vocab_size,
+        "tokenizer_sha256": info.tokenizer_sha256,
+        "n_samples": n_samples,
+        "n_tokens": n_tokens,
+        "max_payload_bytes": max_payload_bytes,
+    }
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:

@@ -183,3 +183,23 @@ def test_a_failing_sample_gets_an_error_and_its_batch_mates_succeed() -> None:
     errors = {r.sample.index: r.error for r in results if r.error}
     assert list(errors) == [2] and errors[2]["retryable"] is True
     assert sorted(r.sample.index for r in results if r.states is not None) == [0, 1, 3]
+
+
+def test_a_lone_request_gets_full_passes_while_its_reader_is_one_pass_behind() -> None:
+    backend = FakeBackend(delay_s=0)
+    sched = make(backend, max_batch_tokens=40)  # default buffer: two passes (80 tokens)
+
+    async def main() -> None:
+        req = sched.submit("r", "t", samples(7, [10] * 20))
+        deadline = time.monotonic() + 5
+        while req.outstanding_tokens < 80 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert [len(call) for call in backend.calls] == [4, 4], "the second pass must not wait for the reader"
+        assert req.outstanding_tokens == 80
+        await drain(sched, req, [])
+
+    asyncio.run(main())
+    sched.stop()
+    assert sum(len(call) for call in backend.calls) == 20
+    assert sched.inflight_tokens == 0
