@@ -102,40 +102,47 @@ class FrameDecoder:
         self.finished = False  # a terminal frame was seen
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> list[Frame]:
+        """Frames completed by ``chunk``. Each payload is copied exactly once (buffer -> ``bytes``):
+        the CRC and the meta are read through a memoryview of the buffer, never through a slice copy."""
         if chunk and self.finished:
             raise ProtocolError("bytes after the terminal frame")
         self._buf += chunk
         frames: list[Frame] = []
         offset = 0
-        while True:
-            if self._pending is None:
-                if len(self._buf) - offset < FIXED_HEADER_BYTES:
+        with memoryview(self._buf) as view:  # released before the buffer is trimmed below
+            while True:
+                if self._pending is None:
+                    if len(view) - offset < FIXED_HEADER_BYTES:
+                        break
+                    self._pending = self._parse_header(offset)
+                    offset += FIXED_HEADER_BYTES
+                ftype, codec, seq, meta_len, payload_len, crc = self._pending
+                if len(view) - offset < meta_len + payload_len:
                     break
-                self._pending = self._parse_header(offset)
-                offset += FIXED_HEADER_BYTES
-            ftype, codec, seq, meta_len, payload_len, crc = self._pending
-            if len(self._buf) - offset < meta_len + payload_len:
-                break
-            meta_bytes = bytes(self._buf[offset : offset + meta_len])
-            payload = bytes(self._buf[offset + meta_len : offset + meta_len + payload_len])
-            offset += meta_len + payload_len
-            self._pending = None
-            if zlib.crc32(payload, zlib.crc32(meta_bytes)) != crc:
-                raise ProtocolError(f"frame {seq}: checksum mismatch")
-            try:
-                meta = json.loads(meta_bytes) if meta_bytes else {}
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ProtocolError(f"frame {seq}: meta is not JSON ({exc})") from None
-            if not isinstance(meta, dict):
-                raise ProtocolError(f"frame {seq}: meta is not a JSON object")
-            frame = Frame(FrameType(ftype), seq, meta, payload, Codec(codec))
-            frames.append(frame)
-            if frame.type in TERMINAL:
-                self.finished = True
-                if offset != len(self._buf):
-                    raise ProtocolError("bytes after the terminal frame")
-                break
-        del self._buf[:offset]
+                meta_end = offset + meta_len
+                with view[offset:meta_end] as meta_view, view[meta_end : meta_end + payload_len] as payload_view:
+                    if zlib.crc32(payload_view, zlib.crc32(meta_view)) != crc:
+                        raise ProtocolError(f"frame {seq}: checksum mismatch")
+                    meta_bytes, payload = meta_view.tobytes(), payload_view.tobytes()
+                offset = meta_end + payload_len
+                self._pending = None
+                try:
+                    meta = json.loads(meta_bytes) if meta_bytes else {}
+                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                    raise ProtocolError(f"frame {seq}: meta is not JSON ({exc})") from None
+                if not isinstance(meta, dict):
+                    raise ProtocolError(f"frame {seq}: meta is not a JSON object")
+                frame = Frame(FrameType(ftype), seq, meta, payload, Codec(codec))
+                frames.append(frame)
+                if frame.type in TERMINAL:
+                    self.finished = True
+                    if offset != len(view):
+                        raise ProtocolError("bytes after the terminal frame")
+                    break
+        if offset == len(self._buf):
+            self._buf = bytearray()  # drop the consumed bytes without moving anything
+        elif offset:
+            del self._buf[:offset]
         return frames
 
     def close(self) -> None:
