@@ -4,7 +4,10 @@ The server builds one safetensors blob per sample chunk (``hidden_states`` BF16 
 ``input_ids`` I32 ``[n]``, ``loss_mask`` U8 ``[n]``); ``encode_payload`` compresses it for the wire and
 ``decode_payload`` restores the exact bytes. Byte-plane shuffle (``zstd+shuffle``) stores all even
 bytes, then all odd bytes: for bf16 that puts the sign/exponent bytes (about 3 bits of entropy) apart
-from the near-random mantissa bytes, which is what lets zstd find the redundancy.
+from the near-random mantissa bytes, which is what lets zstd find the redundancy. ``zstd+planes``
+compresses the two planes as two separate zstd frames (``u32 LE length of the first`` || even-plane frame
+|| odd-plane frame), so each frame's entropy coder fits one plane's statistics: on SmolLM2 bf16 states
+0.71 of raw against 0.74 for ``zstd+shuffle`` (bench/bench_codec.py; the order-0 floor is 0.70).
 
 safetensors is parsed and built here without torch (numpy has no bfloat16, so BF16 data is handled as
 raw bytes / uint16), so the light SDK can write shards and notebooks can read them.
@@ -51,12 +54,34 @@ def unshuffle_planes(data: bytes | memoryview) -> bytes:
     return out.tobytes()
 
 
+PLANES_PREFIX = struct.Struct("<I")  # zstd+planes: byte length of the even-plane zstd frame
+
+
 def encode_payload(blob: bytes, codec: Codec, level: int = 1, threads: int = 0) -> bytes:
     if codec == Codec.NONE:
         return blob
-    data = shuffle_planes(blob) if codec == Codec.ZSTD_SHUFFLE else blob
     compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True, threads=threads)
+    if codec == Codec.ZSTD_PLANES:
+        planes = shuffle_planes(blob)
+        n_pairs = len(blob) // 2
+        low = compressor.compress(planes[:n_pairs])
+        return b"".join((PLANES_PREFIX.pack(len(low)), low, compressor.compress(planes[n_pairs:])))
+    data = shuffle_planes(blob) if codec == Codec.ZSTD_SHUFFLE else blob
     return compressor.compress(data)
+
+
+def _zstd_frame(payload: bytes | memoryview, raw_bytes: int, what: str) -> bytes:
+    """One zstd frame that must declare and decompress to exactly ``raw_bytes``."""
+    try:
+        size = zstandard.frame_content_size(payload)
+        if size != raw_bytes:
+            raise ProtocolError(f"zstd frame{what} declares {size} bytes, meta says {raw_bytes}")
+        data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_bytes)
+    except zstandard.ZstdError as exc:
+        raise ProtocolError(f"payload{what} does not decompress: {exc}") from None
+    if len(data) != raw_bytes:
+        raise ProtocolError(f"payload{what} decompressed to {len(data)} bytes, meta says {raw_bytes}")
+    return data
 
 
 def decode_payload(payload: bytes, codec: Codec, raw_bytes: int) -> bytes:
@@ -65,15 +90,19 @@ def decode_payload(payload: bytes, codec: Codec, raw_bytes: int) -> bytes:
         if len(payload) != raw_bytes:
             raise ProtocolError(f"payload is {len(payload)} bytes, meta says {raw_bytes}")
         return payload
-    try:
-        size = zstandard.frame_content_size(payload)
-        if size != raw_bytes:
-            raise ProtocolError(f"zstd frame declares {size} bytes, meta says {raw_bytes}")
-        data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_bytes)
-    except zstandard.ZstdError as exc:
-        raise ProtocolError(f"payload does not decompress: {exc}") from None
-    if len(data) != raw_bytes:
-        raise ProtocolError(f"payload decompressed to {len(data)} bytes, meta says {raw_bytes}")
+    if codec == Codec.ZSTD_PLANES:
+        view = memoryview(payload)
+        if len(view) < PLANES_PREFIX.size:
+            raise ProtocolError(f"zstd+planes payload is {len(view)} bytes, shorter than its length prefix")
+        (low_len,) = PLANES_PREFIX.unpack_from(view, 0)
+        if low_len > len(view) - PLANES_PREFIX.size:
+            raise ProtocolError(f"zstd+planes first frame length {low_len} runs past the {len(view)}-byte payload")
+        n_pairs = raw_bytes // 2
+        split = PLANES_PREFIX.size + low_len
+        low = _zstd_frame(view[PLANES_PREFIX.size : split], n_pairs, " (even plane)")
+        high = _zstd_frame(view[split:], raw_bytes - n_pairs, " (odd plane)")
+        return unshuffle_planes(low + high)
+    data = _zstd_frame(payload, raw_bytes, "")
     return unshuffle_planes(data) if codec == Codec.ZSTD_SHUFFLE else data
 
 

@@ -53,7 +53,9 @@ def add_serve_command(sub: Any) -> None:
         default=ServerSettings.request_buffer_bytes / 2**20,
         help="hidden states one request may hold computed but unsent (a slow reader pauses only itself)",
     )
-    p.add_argument("--default-codec", choices=("zstd+shuffle", "zstd", "none"), default=ServerSettings.default_codec)
+    p.add_argument(
+        "--default-codec", choices=("zstd+planes", "zstd+shuffle", "zstd", "none"), default=ServerSettings.default_codec
+    )
     p.add_argument("--api-key", action="append", default=[], help="repeatable; tenant names key-1, key-2, ...")
     p.add_argument("--api-keys-file", default=None, help="lines 'tenant: key' or a JSON object {tenant: key}")
     p.add_argument("--drain-timeout-s", type=float, default=30.0)

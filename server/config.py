@@ -37,7 +37,7 @@ class ServerSettings:
     drain_timeout_s: float = 30.0
     heartbeat_s: float = 10.0
     log_level: str = "info"
-    default_codec: str = "zstd+shuffle"
+    default_codec: str = "zstd+planes"
     stream_chunk_bytes: int = 2 << 20  # bytes per HTTP body write (research: 1-4 MB is fastest)
     request_buffer_bytes: int = 256 << 20  # states one request may hold unstreamed (server/scheduler.py)
 

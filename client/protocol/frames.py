@@ -55,9 +55,15 @@ class Codec(enum.IntEnum):
     NONE = 0  # payload is the raw safetensors blob
     ZSTD = 1  # one zstd frame (content size + checksum) of the blob
     ZSTD_SHUFFLE = 2  # blob split into even-byte plane || odd-byte plane, then zstd
+    ZSTD_PLANES = 3  # u32 n || zstd(even-byte plane) (n bytes) || zstd(odd-byte plane): two separate frames
 
 
-CODEC_NAMES = {"none": Codec.NONE, "zstd": Codec.ZSTD, "zstd+shuffle": Codec.ZSTD_SHUFFLE}
+CODEC_NAMES = {
+    "none": Codec.NONE,
+    "zstd": Codec.ZSTD,
+    "zstd+shuffle": Codec.ZSTD_SHUFFLE,
+    "zstd+planes": Codec.ZSTD_PLANES,
+}
 
 
 class ProtocolError(Exception):

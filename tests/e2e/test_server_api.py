@@ -128,7 +128,7 @@ def test_unknown_route_and_method_get_the_envelope(server: LiveServer) -> None:
     assert_envelope(httpx.get(f"{server.url}/v1/extract", headers=server.headers()), 405, "method_not_allowed")
 
 
-@pytest.mark.parametrize("codec", ["zstd+shuffle", "zstd", "none"])
+@pytest.mark.parametrize("codec", ["zstd+planes", "zstd+shuffle", "zstd", "none"])
 def test_stream_layout_chunking_and_messages(server: LiveServer, codec: str) -> None:
     long_ids = ids_samples(1, 400, seed=3)[0]["input_ids"]  # 400 tok * 4 * 64 * 2 B = 205 KB raw
     body = {"codec": codec, "samples": [

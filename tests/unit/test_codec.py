@@ -74,3 +74,31 @@ def test_parse_bounds_checks_offsets():
         parse_safetensors(b"\xff" * 8 + bytes(blob[8:]))
     with pytest.raises(ProtocolError):
         parse_safetensors(bytes(blob[: len(blob) - 10]))
+
+
+@pytest.mark.parametrize("n_bytes", [0, 1, 2, 1001])
+def test_planes_codec_round_trips_odd_and_empty_blobs(n_bytes):
+    blob = (bytes(range(256)) * 4)[:n_bytes]
+    assert decode_payload(encode_payload(blob, Codec.ZSTD_PLANES), Codec.ZSTD_PLANES, len(blob)) == blob
+
+
+def test_planes_codec_is_smaller_than_one_shuffled_frame_on_bf16_states():
+    gen = torch.Generator().manual_seed(1)
+    states = (torch.randn(512, 4, 64, generator=gen) * 3).to(torch.bfloat16)  # [n, L, H]
+    blob = states.view(torch.int16).numpy().tobytes()
+    planes = encode_payload(blob, Codec.ZSTD_PLANES)
+    assert len(planes) < len(encode_payload(blob, Codec.ZSTD_SHUFFLE))
+    assert decode_payload(planes, Codec.ZSTD_PLANES, len(blob)) == blob
+
+
+def test_planes_codec_rejects_bad_prefix_swapped_sizes_and_truncation():
+    blob = sample_blob()
+    payload = encode_payload(blob, Codec.ZSTD_PLANES)
+    with pytest.raises(ProtocolError, match="shorter than its length prefix"):
+        decode_payload(payload[:3], Codec.ZSTD_PLANES, len(blob))
+    with pytest.raises(ProtocolError, match="runs past"):
+        decode_payload((len(payload)).to_bytes(4, "little") + payload[4:], Codec.ZSTD_PLANES, len(blob))
+    with pytest.raises(ProtocolError, match="declares"):
+        decode_payload(payload, Codec.ZSTD_PLANES, len(blob) + 2)
+    with pytest.raises(ProtocolError):
+        decode_payload(payload[:-5], Codec.ZSTD_PLANES, len(blob))
