@@ -4,8 +4,8 @@ States: the embedded verifier (SmolLM2-135M-Instruct, bf16) through the hf backe
 prepared chatterbot samples, all four stored layers (aux 2, 15, 27 + final pre-norm), exactly what a
 DATA frame carries. For each codec and zstd level: wire/raw ratio and encode/decode MB/s of raw bytes
 (one thread, ``client.codec``), beside the verifier's extraction rate in MB/s of raw states. Also the
-order-0 entropy of the high and low byte planes (the floor of any byte-wise coder) and a variant not in
-the protocol: the two planes compressed as separate zstd frames.
+order-0 entropy of the high and low byte planes (the floor of any byte-wise coder) and the two planes as
+separate zstd frames without the codec's framing (what ``zstd+planes``, codec 3, sends plus 4 bytes).
 
     .venv/bin/python bench/bench_codec.py              # ~1 min
 """
