@@ -4,6 +4,12 @@
         ``output_hidden_states=True``, states copied to CPU;
     (b) the hf backend in-process, batches packed by the token budget (no HTTP, no disk);
     (c) eagle3 end to end: a live ``eagle3 serve`` subprocess, ``extract_dataset`` over HTTP to shards.
+    With ``--vllm``, also:
+    (d) vLLM offline extraction to files the way peers do it: ``vllm.LLM`` with the
+        ``extract_hidden_states`` method and the hidden-states connector (eagle3's CPU-safe subclass of
+        the stock one, same files) writing one safetensors per request to a directory on disk, all
+        prompts in one ``generate`` call; done when every file's write lock is released;
+    (e) eagle3 with ``--backend vllm`` end to end through HTTP to disk, like (c).
 
 Prints one JSON object: tokens/s of each, c/b and c/a, the padding waste of (a), wire bytes per token
 against raw bf16, zstd speed against the extraction rate, and the server's peak RSS when extracting
@@ -11,6 +17,7 @@ against raw bf16, zstd speed against the extraction rate, and the server's peak 
 
     .venv/bin/python bench/extract.py                   # ~20k tokens of the demo data, ~6 min here
     .venv/bin/python bench/extract.py --tokens 5000     # quicker look
+    .venv/bin/python bench/extract.py --tokens 10000 --vllm   # + (d) and (e): e/d and e/c
 """
 
 from __future__ import annotations
@@ -115,8 +122,10 @@ def bench_backend(model_dir: Path, samples: list[list[int]], max_batch_tokens: i
     return {"tokens_per_s": n_tokens / wall_s, "wall_s": wall_s, "n_forward_batches": len(batches), "_first": first}
 
 
-def bench_http(model_dir: Path, prepared: Path, out: Path, max_batch_tokens: int, codec: str | None) -> dict[str, Any]:
-    args = ["--model", str(model_dir), "--backend", "hf", "--max-batch-tokens", str(max_batch_tokens)]
+def bench_http(
+    model_dir: Path, prepared: Path, out: Path, max_batch_tokens: int, codec: str | None, backend: str = "hf"
+) -> dict[str, Any]:
+    args = ["--model", str(model_dir), "--backend", backend, "--max-batch-tokens", str(max_batch_tokens)]
     with LocalServer(args, out.parent / f"{out.name}.server.log") as server:
         server.wait_ready(timeout_s=600)
         rss_ready = server.peak_rss_bytes()
@@ -132,6 +141,53 @@ def bench_http(model_dir: Path, prepared: Path, out: Path, max_batch_tokens: int
         "server_rss_ready_mb": rss_ready / 2**20,
         "server_peak_rss_mb": rss_peak / 2**20,
     }
+
+
+def vllm_offline_child(
+    model_dir: str, samples: list[list[int]], max_batch_tokens: int, out_dir: str, queue: Any
+) -> None:
+    """(d), in a spawned process so its engine is gone before (e) starts one."""
+    import fcntl
+
+    import vllm
+    from transformers import AutoConfig
+
+    from server.backends.vllm import engine_kwargs, export_package_root
+
+    n_layers = int(AutoConfig.from_pretrained(model_dir).num_hidden_layers)
+    config = BackendConfig(model=model_dir, max_batch_tokens=max_batch_tokens)
+    max_len = int(AutoConfig.from_pretrained(model_dir).max_position_embeddings)
+    kwargs = engine_kwargs(
+        config, Path(model_dir), [*default_aux_layer_ids(n_layers), n_layers], max_len, "cpu", out_dir
+    )
+    export_package_root()
+    llm = vllm.LLM(**kwargs)
+    params = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    warmup: list[Any] = [{"prompt_token_ids": [1, 2, 3]}]
+    prompts: list[Any] = [{"prompt_token_ids": ids} for ids in samples]
+    llm.generate(warmup, params, use_tqdm=False)  # warm-up, like the server's
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for output in outputs:
+        with open((output.kv_transfer_params or {})["hidden_states_path"] + ".lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)  # the connector holds LOCK_EX until the file is written
+    wall_s = time.perf_counter() - started
+    disk = sum(f.stat().st_size for f in Path(out_dir).rglob("*.safetensors"))
+    n_tokens = sum(map(len, samples))
+    queue.put({"tokens_per_s": n_tokens / wall_s, "wall_s": wall_s, "n_files": len(outputs), "disk_bytes": disk})
+
+
+def bench_vllm_offline(model_dir: Path, samples: list[list[int]], max_batch_tokens: int, out: Path) -> dict[str, Any]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    out.mkdir(parents=True, exist_ok=True)
+    proc = ctx.Process(target=vllm_offline_child, args=(str(model_dir), samples, max_batch_tokens, str(out), queue))
+    proc.start()
+    result: dict[str, Any] = queue.get(timeout=1800)
+    proc.join(120)
+    return result
 
 
 def zstd_speed(states: torch.Tensor, codec: str) -> dict[str, float]:
@@ -154,6 +210,7 @@ def main() -> None:
     parser.add_argument("--max-batch-tokens", type=int, default=8192)
     parser.add_argument("--codec", default=None, help="wire codec (default: the server's)")
     parser.add_argument("--scale", type=int, default=4, help="the larger dataset for the RSS check, in x")
+    parser.add_argument("--vllm", action="store_true", help="also (d) vLLM offline to files and (e) --backend vllm")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model_dir(args.model)
@@ -175,7 +232,7 @@ def main() -> None:
         c = bench_http(model_dir, one_x, tmp / "f1", args.max_batch_tokens, args.codec)
         c_n = bench_http(model_dir, n_x, tmp / f"f{args.scale}", args.max_batch_tokens, args.codec)
         raw_per_token = (len(aux) + 1) * hidden * 2
-        codec = args.codec or "zstd+shuffle"
+        codec = args.codec or "zstd+planes"
         z = zstd_speed(first, codec)
         extraction_mb_s = c["tokens_per_s"] * raw_per_token / 1e6
         result = {
@@ -198,6 +255,12 @@ def main() -> None:
             "server_peak_rss_mb_1x": c["server_peak_rss_mb"],
             f"c_http_to_disk_{args.scale}x": c_n,
         }
+        if args.vllm:
+            d = bench_vllm_offline(model_dir, samples, args.max_batch_tokens, tmp / "d")
+            e = bench_http(model_dir, one_x, tmp / "fe", args.max_batch_tokens, args.codec, backend="vllm")
+            result |= {"d_vllm_offline_to_files": d, "e_vllm_http_to_disk": e}
+            result["e_over_d"] = e["tokens_per_s"] / d["tokens_per_s"]
+            result["e_over_c"] = e["tokens_per_s"] / c["tokens_per_s"]
         print(json.dumps(result, indent=2))
 
 
