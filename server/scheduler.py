@@ -87,7 +87,9 @@ class Request:
         return sum(s.n_tokens for s in self.samples)
 
     def notify(self) -> None:
-        self.loop.call_soon_threadsafe(self.event.set)
+        # The stream's loop may be gone (shutdown, or closed between a check and the call): nobody waits.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.event.set)
 
     async def next_results(self, timeout_s: float) -> list[Result]:
         """Everything finished so far; waits up to ``timeout_s`` when nothing is (an empty list then)."""
