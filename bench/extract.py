@@ -175,6 +175,9 @@ def vllm_offline_child(
     disk = sum(f.stat().st_size for f in Path(out_dir).rglob("*.safetensors"))
     n_tokens = sum(map(len, samples))
     queue.put({"tokens_per_s": n_tokens / wall_s, "wall_s": wall_s, "n_files": len(outputs), "disk_bytes": disk})
+    queue.close()
+    queue.join_thread()  # the result is in the pipe
+    os._exit(0)  # without waiting on vLLM's engine-core process at interpreter exit (it would linger)
 
 
 def bench_vllm_offline(model_dir: Path, samples: list[list[int]], max_batch_tokens: int, out: Path) -> dict[str, Any]:
@@ -187,6 +190,8 @@ def bench_vllm_offline(model_dir: Path, samples: list[list[int]], max_batch_toke
     proc.start()
     result: dict[str, Any] = queue.get(timeout=1800)
     proc.join(120)
+    if proc.is_alive():
+        proc.kill()
     return result
 
 
