@@ -56,8 +56,11 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log_path, "wb") as log:
         backend = os.environ.get("EAGLE3_E2E_BACKEND", "hf")  # `--backend auto` would pick vllm
+        # fp32: each sample's states are independent of what else shares its batch (bf16 pads groups of
+        # samples into one forward call, equal only to bf16 rounding), so runs compare bitwise
         proc = eagle3("serve", "--port", str(port), "--backend", backend, "--max-batch-tokens", "1024",
-                      "--heartbeat-s", "1", root=SERVER_ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                      "--dtype", "float32", "--heartbeat-s", "1",
+                      root=SERVER_ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

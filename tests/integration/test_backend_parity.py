@@ -2,8 +2,9 @@
 
 Reference: ``AutoModelForCausalLM`` with ``output_hidden_states=True`` (aux id k = ``hidden_states[k]``)
 and a forward hook on the last decoder layer (the final state before the norm). fp32 must be bitwise
-equal; bf16 within bf16 rounding. "Packed" goes through the scheduler's batch path: one
-``extract`` call with samples of different lengths.
+equal, alone and packed; bf16 within bf16 rounding. "Packed" goes through the scheduler's batch path:
+one ``extract`` call with samples of different lengths (in bf16 the backend pads groups of similar
+lengths into one forward call, so packed states may differ from lone ones by bf16 rounding).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def reference_states(model_dir: Path, dtype: torch.dtype, aux: tuple[int, ...], 
 
 def sequences(vocab_size: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(1)
-    return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in (13, 5, 21, 1)]
+    return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in (13, 5, 21, 1, 12, 20, 19, 4)]
 
 
 def load(model_dir: Path, dtype: str) -> HfBackend:
@@ -69,11 +70,16 @@ def test_hf_backend_matches_transformers(which: str, dtype: str, tiny_dir: Path,
         ref = reference_states(model_dir, torch_dtype, info.aux_layer_ids, seq)
         assert single.shape == (len(seq), len(info.aux_layer_ids) + 1, info.hidden_size)
         assert single.dtype == torch_dtype and batched.dtype == torch_dtype
-        assert torch.equal(single, batched), "batched differs from single"
         if dtype == "float32":
+            assert torch.equal(single, batched), "batched differs from single"
             assert torch.equal(single, ref)
         else:
             torch.testing.assert_close(single.float(), ref.float(), rtol=2**-7, atol=1e-5)
+            for layer in range(single.shape[1]):
+                err = (batched[:, layer].float() - ref[:, layer].float()).norm() / ref[:, layer].float().norm()
+                assert err < 1e-2, f"packed layer slot {layer}: relative L2 {err:.2e} vs transformers"
+    if dtype == "bfloat16":  # the padded path really ran: some forward call held several samples
+        assert max(len(group) for group in backend._groups(seqs)) > 1
     # the final state is pre-norm: it must differ from HF's normed hidden_states[N]
     assert not torch.allclose(alone[0][:, -1], reference_final_normed(model_dir, torch_dtype, seqs[0]))
     backend.close()
