@@ -18,6 +18,11 @@ against raw bf16, zstd speed against the extraction rate, and the server's peak 
     .venv/bin/python bench/extract.py                   # ~20k tokens of the demo data, ~6 min here
     .venv/bin/python bench/extract.py --tokens 5000     # quicker look
     .venv/bin/python bench/extract.py --tokens 10000 --vllm   # + (d) and (e): e/d and e/c
+    .venv/bin/python bench/extract.py --data mixed      # multi-turn conversations of 1-8 chained dialogs
+
+``--data chatterbot`` (default) is the demo's data: single exchanges of ~50 tokens, nearly equal in
+length, the best case for (a)'s padding. ``--data mixed`` chains 1-8 chatterbot dialogs (seeded) into
+multi-turn conversations, a spread of lengths like real chat SFT sets (~40-500 tokens).
 """
 
 from __future__ import annotations
@@ -47,6 +52,24 @@ from eagle3.local_server import LocalServer  # noqa: E402
 from eagle3.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
 from server.backends.base import BackendConfig, default_aux_layer_ids  # noqa: E402
 from server.backends.hf import HfBackend  # noqa: E402
+
+
+def mixed_conversations(path: Path, seed: int = 0) -> Path:
+    """chatterbot dialogs chained 1-8 at a time (seeded) into multi-turn conversations, as JSONL."""
+    import random
+
+    from client.conversations import iter_rows, parse_row
+
+    base = [parse_row(r.row or {}, r.location) for r in iter_rows(BUILTIN_CHATTERBOT)]
+    rng = random.Random(seed)  # noqa: S311 (a reproducible data mix, not security)
+    with open(path, "w") as fh:
+        i = 0
+        while i < len(base):
+            n = rng.randint(1, 8)
+            messages = [m.as_dict() for c in base[i : i + n] for m in c.messages]
+            fh.write(json.dumps({"messages": messages}) + "\n")
+            i += n
+    return path
 
 
 def subset(prepared: Path, out: Path, max_tokens: int, repeat: int = 1) -> tuple[list[list[int]], Path]:
@@ -149,6 +172,8 @@ def vllm_offline_child(
     """(d), in a spawned process so its engine is gone before (e) starts one."""
     import fcntl
 
+    os.dup2(2, 1)  # vLLM logs to stdout: keep the parent's stdout for the JSON result
+
     import vllm
     from transformers import AutoConfig
 
@@ -215,13 +240,15 @@ def main() -> None:
     parser.add_argument("--max-batch-tokens", type=int, default=8192)
     parser.add_argument("--codec", default=None, help="wire codec (default: the server's)")
     parser.add_argument("--scale", type=int, default=4, help="the larger dataset for the RSS check, in x")
+    parser.add_argument("--data", choices=("chatterbot", "mixed"), default="chatterbot", help="see the docstring")
     parser.add_argument("--vllm", action="store_true", help="also (d) vLLM offline to files and (e) --backend vllm")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model_dir(args.model)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        prepare_dataset(BUILTIN_CHATTERBOT, tmp / "full", model=str(model_dir), config=PrepareConfig())
+        sources = BUILTIN_CHATTERBOT if args.data == "chatterbot" else [str(mixed_conversations(tmp / "mixed.jsonl"))]
+        prepare_dataset(sources, tmp / "full", model=str(model_dir), config=PrepareConfig())
         samples, one_x = subset(tmp / "full", tmp / "p1", args.tokens)
         _, n_x = subset(tmp / "full", tmp / f"p{args.scale}", args.tokens, repeat=args.scale)
         from transformers import AutoConfig
@@ -242,6 +269,7 @@ def main() -> None:
         extraction_mb_s = c["tokens_per_s"] * raw_per_token / 1e6
         result = {
             "model": str(args.model),
+            "data": args.data,
             "n_samples": len(samples),
             "n_tokens": n_tokens,
             "threads": torch.get_num_threads(),
