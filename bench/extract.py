@@ -202,7 +202,11 @@ def vllm_offline_child(
     queue.put({"tokens_per_s": n_tokens / wall_s, "wall_s": wall_s, "n_files": len(outputs), "disk_bytes": disk})
     queue.close()
     queue.join_thread()  # the result is in the pipe
-    os._exit(0)  # without waiting on vLLM's engine-core process at interpreter exit (it would linger)
+    import psutil  # type: ignore[import-untyped]  # a vllm dependency
+
+    for child in psutil.Process().children(recursive=True):  # the engine core and its workers: GBs each
+        child.kill()
+    os._exit(0)  # without waiting on vLLM's shutdown at interpreter exit (it would hang or linger)
 
 
 def bench_vllm_offline(model_dir: Path, samples: list[list[int]], max_batch_tokens: int, out: Path) -> dict[str, Any]:
