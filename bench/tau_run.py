@@ -10,6 +10,10 @@ Stages (each skips what is already on disk):
   writes);
 * mix: WORK/features-mix = the distilled features + the original chatterbot answers to the distilled
   training-split prompts (``tests.trainer_helpers.write_features_mix``);
+* self-instruct: ``--self-instruct N`` user prompts sampled from the verifier (Magpie-style,
+  ``draft_trainer.self_instruct``; none equal to a chatterbot prompt, so both eval sets stay unseen) ->
+  WORK/si-prompts, their greedy answers -> WORK/si-distilled, and WORK/features-si = WORK/features-all
+  (the 640 distilled chatterbot samples) + the new samples' features;
 * train: ``train(load_config(None, overrides))`` into ``--run`` (default WORK/run) on ``--features``;
 * eval: export ``--run`` to RUN-export, then ``evaluate`` (speculative decoding, k=4) twice, printed as
   JSON lines: on prompts of the distilled features' held-out split (``"prompts": "heldout-split"``,
@@ -66,13 +70,86 @@ def stage_mix(work: Path) -> None:
     print(f"features-mix: +{n_extra} original samples ({n_tokens} tokens) in {time.monotonic() - started:.0f} s")
 
 
+def torch_threads(n_threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(n_threads)
+
+
+def chatterbot_user_texts(prepared: Path, model_dir: Path) -> set[str]:
+    """Every user turn of every prompt in ``prepared`` (to keep self-instruct prompts off them)."""
+    import re
+
+    from transformers import AutoTokenizer
+
+    from client.protocol.prepared import iter_prepared
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    texts: set[str] = set()
+    for sample in iter_prepared(prepared):
+        rendered = str(tokenizer.decode(sample.input_ids[: sample.loss_mask.index(1)]))
+        texts.update(t.strip() for t in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", rendered, re.S))
+    return texts
+
+
+def stage_self_instruct(work: Path, n_prompts: int, seed: int, threads: int) -> None:
+    from client.protocol.prepared import iter_prepared, read_meta
+    from draft_trainer.self_instruct import SelfInstructConfig, sample_prompts, write_prompt_dir
+
+    model_dir = resolve_model_dir("smollm2")
+    prompts_dir, distilled, features = work / "si-prompts", work / "si-distilled", work / "features-si"
+    if not (prompts_dir / "samples.jsonl").is_file():
+        started = time.monotonic()
+        exclude = chatterbot_user_texts(work / "prepared", model_dir)
+        texts = sample_prompts(model_dir, SelfInstructConfig(n_prompts=n_prompts, seed=seed, threads=threads), exclude)
+        write_prompt_dir(texts, prompts_dir, model_dir, read_meta(work / "prepared"))
+        print(f"self-instruct: {len(texts)} prompts in {time.monotonic() - started:.0f} s", flush=True)
+    if not (distilled / "samples.jsonl").is_file():
+        started = time.monotonic()
+        regenerate(prompts_dir, distilled, model_dir, max_samples=10**9, max_new_tokens=48, batch_size=64)
+        print(f"self-instruct distilled in {time.monotonic() - started:.0f} s", flush=True)
+    if not (features / "manifest.jsonl").is_file():
+        import dataclasses
+
+        import numpy as np
+        import torch
+
+        from client.features_reader import FeaturesReader
+        from client.features_writer import FeaturesWriter
+        from client.sample import ExtractedSample
+        from server.backends.base import BackendConfig
+        from server.backends.hf import HfBackend
+
+        started = time.monotonic()
+        src = FeaturesReader(work / "features-all")
+        samples = list(iter_prepared(distilled))
+        writer = FeaturesWriter.open(features, dataclasses.replace(src.meta, n_samples_total=len(src) + len(samples)),
+                                     shard_mb=64)  # fmt: skip
+        for copied in src:
+            writer.add(copied)
+        backend = HfBackend(BackendConfig(model=str(model_dir), aux_layer_ids=None, dtype="float32", device="cpu"))
+        info = backend.load(lambda *_: None)
+        for sample in samples:
+            states = backend.extract([sample.input_ids])[0]  # [T, L, H]
+            bits = states.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)  # [T, L, H] bf16 bits
+            ids = np.asarray(sample.input_ids, dtype=np.int32)  # [T]
+            mask = np.asarray(sample.loss_mask, dtype=np.uint8)  # [T]
+            writer.add(ExtractedSample(sample.sample_id, ids, mask, bits, info.aux_layer_ids, info.final_layer_id))
+        writer.close()
+        backend.close()
+        print(f"features-si: {len(src)} + {len(samples)} samples in {time.monotonic() - started:.0f} s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--work", type=Path, default=Path("/work/cache/tau"))
-    parser.add_argument("--stage", choices=("data", "mix", "train", "eval", "all"), default="all")
+    parser.add_argument("--stage", choices=("data", "mix", "self-instruct", "train", "eval", "all"), default="all")
     parser.add_argument("--features", type=Path, default=None, help="training features (default WORK/features)")
     parser.add_argument("--run", type=Path, default=None, help="run directory (default WORK/run)")
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
+    parser.add_argument("--self-instruct", type=int, default=1500, metavar="N", help="prompts to sample")
+    parser.add_argument("--seed", type=int, default=0, help="self-instruct sampling seed")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the self-instruct stage")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     work: Path = args.work
@@ -82,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         stage_data(work, args.draft_vocab_size)
     if args.stage == "mix":
         stage_mix(work)
+    if args.stage == "self-instruct":
+        torch_threads(args.threads)
+        stage_self_instruct(work, args.self_instruct, args.seed, args.threads)
     if args.stage in ("train", "all"):
         from draft_trainer.train import train
 
