@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -40,4 +41,48 @@ def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Itera
         live.wait_ready(timeout_s=600)
         info = httpx.get(f"{live.url}/v1/info", headers={"Authorization": f"Bearer {KEYS['tenant-a']}"}).json()
         assert info["backend"] == "vllm", info
+        live.model_dir = model  # type: ignore[attr-defined]
         yield live
+
+
+def test_concurrent_requests_equal_transformers(server: LiveServer) -> None:
+    """Two tenants at once, samples of several lengths packed together by the scheduler: each sample's
+    states over the wire (fp32 engine, bf16 on the wire) equal transformers fp32 per layer to bf16
+    rounding (relative L2 < 1e-2; the issue's bf16 bound is 5e-2)."""
+    import threading
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.e2e.live_server import assemble, iter_frames
+    from tests.integration.test_vllm_backend import reference_states, rel_l2
+
+    rng = np.random.default_rng(11)
+    bodies = {
+        tenant: {"samples": [{"id": f"{tenant}-{n}", "input_ids": rng.integers(0, 512, n).tolist()} for n in lengths]}
+        for tenant, lengths in (("tenant-a", (30, 200, 7)), ("tenant-b", (90, 1, 150, 45)))
+    }
+    got: dict[str, dict[str, Any]] = {}
+
+    def pull(tenant: str) -> None:
+        with httpx.stream("POST", f"{server.url}/v1/extract", json=bodies[tenant], headers=server.headers(tenant),
+                          timeout=300) as resp:  # fmt: skip
+            assert resp.status_code == 200
+            got.update(assemble(list(iter_frames(resp))))
+
+    threads = [threading.Thread(target=pull, args=(t,)) for t in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    info = httpx.get(f"{server.url}/v1/info", headers=server.headers()).json()
+    model: Any = AutoModelForCausalLM.from_pretrained(server.model_dir, dtype=torch.float32).eval()  # type: ignore[attr-defined]
+    samples = [s for body in bodies.values() for s in body["samples"]]
+    assert sorted(got) == sorted(s["id"] for s in samples)
+    for sample in samples:
+        bits = np.ascontiguousarray(got[sample["id"]]["hidden_states"])  # uint16 bf16 bits [T, 4, H]
+        states = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+        ref = reference_states(model, tuple(info["aux_layer_ids"]), sample["input_ids"])[:, :4]
+        errors = rel_l2(states, ref)
+        assert bool((errors < 1e-2).all()), f"{sample['id']}: rel L2 per layer {errors.tolist()}"

@@ -4,7 +4,8 @@ Reference: ``AutoModelForCausalLM`` fp32, ``output_hidden_states=True`` (aux id 
 and a forward hook on the last decoder layer (the final state, before the norm). Bound: relative L2
 < 1e-4 per layer and sample (vLLM's kernels differ from transformers', so not bitwise). "Packed" is
 one ``extract`` call with samples of different lengths, one of them longer than the token budget
-(vLLM prefills it in chunks). bf16 parity runs over the wire in tests/e2e/test_vllm_server.py.
+(vLLM prefills it in chunks). bf16: a random Llama, < 5e-2 per layer, alone and packed. Concurrent
+requests from two tenants through a live server: tests/e2e/test_vllm_server.py.
 
 Without vllm these tests skip, unless ``EAGLE3_REQUIRE_VLLM=1`` (CI) turns the skip into a failure.
 One engine for the module (~30-60 s to start here, ~4 GB RSS with a 1 GiB KV cache).
@@ -172,3 +173,31 @@ def test_engine_settings_and_bad_options(smollm2_dir: Path) -> None:
         engine_kwargs(BackendConfig(model="m", extra={"kv_cache_gb": "1"}), smollm2_dir, [1], 8, "cpu", "/tmp/x")
     with pytest.raises(BackendError, match="--device cuda"):
         VllmBackend(BackendConfig(model=str(smollm2_dir), device="cuda")).load(lambda _p, _f: None)
+
+
+def test_vllm_matches_transformers_bf16_alone_and_packed(tmp_path: Path) -> None:
+    """bf16 engine vs transformers bf16 on a random Llama: relative L2 < 5e-2 per layer (bf16 kernels
+    differ in accumulation order, so the bound is bf16 rounding grown over the layers)."""
+    require_vllm()
+    from transformers import AutoModelForCausalLM
+
+    model_dir = vllm_tiny_llama_dir(tmp_path / "tiny")
+    config = BackendConfig(model=str(model_dir), dtype="bfloat16", max_batch_tokens=MAX_BATCH_TOKENS,
+                           extra={"kv_cache_gib": "0.25"})  # fmt: skip
+    backend: Any = make_backend("vllm", config)
+    backend.load(lambda _phase, _fraction: None)
+    try:
+        info = backend.info
+        gen = torch.Generator().manual_seed(4)
+        seqs = [torch.randint(0, info.vocab_size, (n,), generator=gen).tolist() for n in (13, 5, 150, 1, 40)]
+        alone = [backend.extract([s])[0] for s in seqs]
+        packed = backend.extract(seqs)
+    finally:
+        backend.close()
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    for seq, single, batched in zip(seqs, alone, packed, strict=True):
+        assert single.dtype == batched.dtype == torch.bfloat16
+        ref = reference_states(model, info.aux_layer_ids, seq)[:, :4]  # [T, 4, H]
+        for got, how in ((single, "alone"), (batched, "packed")):
+            errors = rel_l2(got, ref)
+            assert bool((errors < 5e-2).all()), f"bf16 {how}, {len(seq)} tokens: rel L2 per layer {errors.tolist()}"
