@@ -39,7 +39,7 @@ class TrainConfig:
     log_every_steps: int = 1
     eval_every_steps: int = 0  # held-out accuracy every N steps (0: only at the end)
     torch_threads: int = 1
-    autocast_bf16: bool = False  # bf16 autocast (CUDA); CPU runs fp32 unless set
+    autocast_bf16: bool = False  # bf16 autocast on CPU (the trainer computes on CPU); fp32 unless set
     truncate: bool = False  # cut samples longer than max_batch_tokens instead of failing
     init_from: str = ""  # warm start: a run directory or its draft/ (weights only)
     init_lm_head_from_verifier: bool = True  # lm_head rows = the verifier's rows of the draft vocab

@@ -114,12 +114,13 @@ class _Stop:
 
 
 def _dist() -> tuple[int, int]:
-    """(rank, world size); joins the torchrun process group (gloo on CPU) when WORLD_SIZE > 1."""
+    """(rank, world size); joins the torchrun process group when WORLD_SIZE > 1. gloo, also where CUDA is
+    visible: the trainer computes on CPU in this version, and NCCL cannot reduce CPU tensors."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -212,8 +213,7 @@ class Trainer:
         loss_total = torch.zeros(())
         for batch, pos in zip(batches, positions, strict=True):
             in_vocab = self.in_vocab(pos, batch)
-            with torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16,
-                                enabled=cfg.autocast_bf16):  # fmt: skip
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):  # the model is on CPU
                 result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts, in_vocab)
             result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
