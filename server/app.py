@@ -129,7 +129,9 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        if exc.type in ("payload_too_large", "rate_limited", "unavailable"):
+        # admission refusals (tenant_quota, overloaded) were counted by Scheduler.submit already
+        counted = exc.reason in ("tenant_quota", "overloaded")
+        if exc.type in ("payload_too_large", "rate_limited", "unavailable") and not counted:
             runtime_of(request).metrics.inc("eagle3_rejections_total", reason=exc.reason or exc.type)
         return exc.response(request.state.request_id)
 

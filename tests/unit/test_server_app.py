@@ -122,3 +122,39 @@ def test_a_backend_whose_output_is_wrong_fails_the_load_not_the_first_request(tm
 )
 def test_request_buffer_is_two_passes_capped_in_bytes(bytes_per_token: int, buffer_bytes: int, expected: int) -> None:
     assert request_buffer_tokens(8192, bytes_per_token, buffer_bytes) == expected
+
+
+class BlockingBackend(FakeBackend):
+    """Extract calls after ``block()`` wait until ``release()``: a request stays in flight."""
+
+    def __init__(self, model_dir: Path) -> None:
+        super().__init__(model_dir)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def extract(self, batch: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        self.entered.set()
+        assert self.gate.wait(30)
+        return super().extract(batch)
+
+
+def test_a_tenant_over_its_quota_is_counted_once(tmp_path: Path) -> None:
+    backend = BlockingBackend(tmp_path)
+    app = create_app(settings(max_tenant_inflight_tokens=300), backend)
+    with TestClient(app) as client:
+        wait_for(client, "ready")
+        backend.gate.clear()
+        backend.entered.clear()
+        first: list[int] = []
+        body = {"samples": [{"id": "a", "input_ids": [5] * 200}]}
+        worker = threading.Thread(target=lambda: first.append(client.post("/v1/extract", json=body).status_code))
+        worker.start()
+        assert backend.entered.wait(30)  # 200 tokens of the tenant are in flight
+        resp = client.post("/v1/extract", json={"samples": [{"id": "b", "input_ids": [6] * 200}]})
+        assert resp.status_code == 429 and resp.json()["error"]["reason"] == "tenant_quota"
+        backend.gate.set()
+        worker.join(30)
+        assert first == [200]
+        metrics = client.get("/metrics").text
+        assert '\neagle3_rejections_total{reason="tenant_quota"} 1\n' in metrics, metrics
