@@ -50,35 +50,53 @@ def write_text_atomic(path: Path, text: str) -> None:
     _fsync_replace(tmp, path)
 
 
-def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """CPU, numpy and Python RNG states, plus ``device``'s CUDA RNG state when it is a GPU."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore ``rng_state``'s states; the CUDA one only when both the checkpoint and ``device`` have it
+    (a checkpoint moved between a CPU and a GPU host resumes with the other RNGs exact)."""
+    torch.set_rng_state(state["torch"].cpu())
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    if device is not None and device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
     path = run_dir / CHECKPOINT_FILE
     tmp = run_dir / f".{CHECKPOINT_FILE}.tmp"
-    torch.save(state, tmp)
+    torch.save(_to_cpu(state), tmp)  # CPU tensors: loadable on any host
     _fsync_replace(tmp, path)
     return path
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / CHECKPOINT_FILE
     if not path.is_file():
         return None
-    state: dict[str, Any] = torch.load(path, weights_only=False)
+    state: dict[str, Any] = torch.load(path, weights_only=False, map_location="cpu")
     return state
 
 
 def save_draft(model: EagleDraft, draft_dir: Path) -> Path:
     draft_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     tmp = draft_dir / f".{DRAFT_WEIGHTS}.tmp"
     save_file(tensors, str(tmp))
     _fsync_replace(tmp, draft_dir / DRAFT_WEIGHTS)

@@ -7,13 +7,35 @@ Unknown keys and values of the wrong type are errors naming the key (and the fil
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import tomllib
+import torch
 
 from draft_trainer.errors import ConfigError
+
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """``spec`` (a ``TrainConfig.device`` value) -> the device this process trains on.
+
+    "auto": ``cuda:{local_rank}`` when CUDA is available, else cpu; "cuda" means ``cuda:{local_rank}``
+    too (one GPU per torchrun rank). Asking for CUDA without it, or for a GPU index that does not
+    exist, is a ConfigError naming the value."""
+    if not _DEVICE_RE.fullmatch(spec):
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {spec!r}")
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {spec!r}: CUDA is not available on this host (use device=cpu or auto)")
+    index = local_rank if spec in ("auto", "cuda") else int(spec.split(":", 1)[1])
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"device {spec!r}: cuda:{index} does not exist ({torch.cuda.device_count()} GPUs visible)")
+    return torch.device("cuda", index)
 
 
 @dataclass(frozen=True)
@@ -39,7 +61,9 @@ class TrainConfig:
     log_every_steps: int = 1
     eval_every_steps: int = 0  # held-out accuracy every N steps (0: only at the end)
     torch_threads: int = 1
-    autocast_bf16: bool = False  # bf16 autocast on CPU (the trainer computes on CPU); fp32 unless set
+    device: str = "auto"  # "auto" (cuda:LOCAL_RANK when CUDA is available, else cpu), "cpu", "cuda", "cuda:N"
+    autocast_bf16: bool = False  # bf16 autocast when training on CPU; fp32 unless set
+    autocast_bf16_cuda: bool = True  # bf16 autocast when training on CUDA
     truncate: bool = False  # cut samples longer than max_batch_tokens instead of failing
     init_from: str = ""  # warm start: a run directory or its draft/ (weights only)
     init_lm_head_from_verifier: bool = True  # lm_head rows = the verifier's rows of the draft vocab
@@ -54,6 +78,8 @@ class TrainConfig:
             raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not _DEVICE_RE.fullmatch(self.device):
+            raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

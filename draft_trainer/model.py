@@ -89,7 +89,9 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``positions`` [T] -> cos, sin [T, head_dim] (Llama's rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # [d/2]
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    )  # [d/2]
     freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, d/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, d]
     return emb.cos(), emb.sin()

@@ -34,7 +34,7 @@ from draft_trainer.checkpoint import (
     set_rng_state,
     write_text_atomic,
 )
-from draft_trainer.config import TrainConfig
+from draft_trainer.config import TrainConfig, resolve_device
 from draft_trainer.data import FeaturesData
 from draft_trainer.errors import ConfigError, DataError
 from draft_trainer.model import EagleDraft, draft_config_from_target
@@ -113,14 +113,17 @@ class _Stop:
         self.requested = True
 
 
-def _dist() -> tuple[int, int]:
-    """(rank, world size); joins the torchrun process group when WORLD_SIZE > 1. gloo, also where CUDA is
-    visible: the trainer computes on CPU in this version, and NCCL cannot reduce CPU tensors."""
+def _dist(device: torch.device) -> tuple[int, int]:
+    """(rank, world size); joins the torchrun process group when WORLD_SIZE > 1: NCCL when this rank
+    trains on CUDA, gloo on CPU (also where CUDA is visible but device=cpu: NCCL cannot reduce CPU tensors)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -134,11 +137,16 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.torch_threads)
-        self.rank, self.world = _dist()
+        self.device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.autocast = cfg.autocast_bf16_cuda if self.device.type == "cuda" else cfg.autocast_bf16
+        self.rank, self.world = _dist(self.device)
         self.run_dir = Path(cfg.out)
         self.data = FeaturesData(cfg.features, heldout_fraction=cfg.heldout_fraction)
         meta = self.data.meta
-        self.model, self.teacher = build_draft(cfg, meta.hidden_size, meta.aux_layer_ids)
+        model, teacher = build_draft(cfg, meta.hidden_size, meta.aux_layer_ids)
+        self.model, self.teacher = model.to(self.device), teacher.to(self.device)  # weights and d2t/t2d/embed
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.micro_per_step = self.world * cfg.grad_accum_steps
@@ -165,17 +173,17 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": rng_state(),
+                "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": rng_state(self.device),
                 "config": json.loads(self.cfg.to_json())}  # fmt: skip
 
     def resume(self) -> bool:
-        state = load_checkpoint(self.run_dir)
+        state = load_checkpoint(self.run_dir)  # CPU tensors; loading copies them to the model's device
         if state is None:
             return False
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng"], self.device)
         self.step = int(state["step"])
         return True
 
@@ -203,17 +211,19 @@ class Trainer:
         cfg = self.cfg
         started = time.perf_counter()
         positions = self.my_micro_batches(self.step)
-        batches = [self.data.load(b, cfg.max_batch_tokens if cfg.truncate else None) for b in positions]
+        device = self.device
+        batches = [self.data.load(b, cfg.max_batch_tokens if cfg.truncate else None).to(device) for b in positions]
         data_s = time.perf_counter() - started
         counts = _all_reduce(
-            sum((step_counts(b, cfg.ttt_steps) for b in batches), torch.zeros(cfg.ttt_steps)), self.world
+            sum((step_counts(b, cfg.ttt_steps) for b in batches), torch.zeros(cfg.ttt_steps, device=device)),
+            self.world,
         )
         self.optimizer.zero_grad(set_to_none=True)
-        stats = torch.zeros(3, cfg.ttt_steps)  # loss sums, correct, counted terms
-        loss_total = torch.zeros(())
+        stats = torch.zeros(3, cfg.ttt_steps, device=device)  # loss sums, correct, counted terms
+        loss_total = torch.zeros((), device=device)
         for batch, pos in zip(batches, positions, strict=True):
             in_vocab = self.in_vocab(pos, batch)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):  # the model is on CPU
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts, in_vocab)
             result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
@@ -229,7 +239,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        n_tokens = _all_reduce(torch.tensor(float(sum(b.n_tokens for b in batches))), self.world)
+        n_tokens = _all_reduce(torch.tensor(float(sum(b.n_tokens for b in batches)), device=device), self.world)
         acc = (stats[1] / stats[2].clamp(min=1)).tolist()
         return {"step": self.step, "loss": float(loss_total), "acc": acc, "sim_accept": simulated_acceptance(acc),
                 "ce": (stats[0] / stats[2].clamp(min=1)).tolist(), "lr": lr, "grad_norm": float(grad_norm),
@@ -239,12 +249,12 @@ class Trainer:
     def evaluate_heldout(self) -> dict[str, Any]:
         """Per-step accuracy and simulated acceptance on the held-out samples (this rank's share)."""
         cfg = self.cfg
-        stats = torch.zeros(3, cfg.ttt_steps)
+        stats = torch.zeros(3, cfg.ttt_steps, device=self.device)
         plan = self.data.plan(self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False,
                               truncate=True)  # fmt: skip
         for positions in plan[self.rank :: self.world]:
             result = ttt_forward(
-                self.model, self.teacher, self.data.load(positions, cfg.max_batch_tokens), cfg.ttt_steps
+                self.model, self.teacher, self.data.load(positions, cfg.max_batch_tokens).to(self.device), cfg.ttt_steps
             )
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
         _all_reduce(stats, self.world)

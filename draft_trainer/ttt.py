@@ -20,7 +20,7 @@ So a term ``(k, t)`` depends only on features at rows ``<= t+k+1`` of its own sa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +92,17 @@ class PackedBatch:
     def n_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def to(self, device: torch.device) -> PackedBatch:
+        """The same batch with every tensor on ``device`` (itself when already there)."""
+        if self.input_ids.device == device:
+            return self
+        moved = {f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)}
+        return PackedBatch(**moved)
+
 
 def step_valid(batch: PackedBatch, k: int) -> torch.Tensor:
     """[T] bool: term (k, t) is supervised by the data (before the teacher-argmax filter)."""
-    t_rows = torch.arange(batch.n_tokens)
+    t_rows = torch.arange(batch.n_tokens, device=batch.input_ids.device)
     target = t_rows + k + 2  # [T] the predicted token's row
     inside = target < batch.seg_end
     return inside & batch.loss_mask[target.clamp(max=batch.n_tokens - 1)]
@@ -130,17 +137,18 @@ def ttt_forward(
     when a caller has it cached, spares the full-vocab teacher logits: only the draft-vocab columns are
     computed (the softmax over them is the same either way)."""
     n = batch.n_tokens
-    rows = torch.arange(n)
+    device = batch.input_ids.device  # the draft, teacher and batch share it
+    rows = torch.arange(n, device=device)
     denominators = step_counts(batch, ttt_steps) if denominators is None else denominators
     # teacher log-probs over the draft vocab at every row whose next token is supervised
     need = step_valid(batch, -1)  # [T] row j is a teacher row iff token j+1 is supervised
     with torch.no_grad():
         target_ids = draft.target_ids
-        teacher_logp = torch.zeros(n, target_ids.shape[0])  # [T, Vd]
+        teacher_logp = torch.zeros(n, target_ids.shape[0], device=device)  # [T, Vd]
         if teacher_in_vocab is None:
             full = teacher(batch.final[need])  # [n_need, V]
             teacher_logp[need] = full[:, target_ids].log_softmax(-1)
-            in_vocab = torch.zeros(n, dtype=torch.bool)  # [T]
+            in_vocab = torch.zeros(n, dtype=torch.bool, device=device)  # [T]
             in_vocab[need] = draft.t2d[full.argmax(-1)]
         else:
             teacher_logp[need] = teacher(batch.final[need], target_ids).log_softmax(-1)  # [n_need, Vd]
@@ -152,7 +160,7 @@ def ttt_forward(
     hidden = draft.project_aux(batch.aux)  # [T, H]
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
-    loss = torch.zeros(())
+    loss = torch.zeros((), device=device)
     sums, correct, counted, terms = [], [], [], []
     for k in range(ttt_steps):
         tok_rows = (rows + k + 1).clamp(max=n - 1)  # [T]
@@ -175,7 +183,7 @@ def ttt_forward(
             out = out + sum(p_diag[..., j - 1, None] * values[j] for j in range(1, k + 1))  # [T, nh, d]
         prenorm = draft.finish(out.reshape(n, -1), hidden)  # [T, H]
         mask = step_valid(batch, k) & in_vocab[tok_rows]  # [T]
-        term = torch.zeros(n)
+        term = torch.zeros(n, device=device)
         if bool(mask.any()):
             logits = draft.logits(prenorm[mask])  # [m, Vd]
             t_logp = teacher_logp[tok_rows[mask]]  # [m, Vd]
@@ -184,7 +192,7 @@ def ttt_forward(
             term = term.index_put((mask.nonzero().squeeze(1),), ce.detach())
             correct.append((logits.argmax(-1) == teacher_arg[tok_rows[mask]]).sum().float())
         else:
-            correct.append(torch.zeros(()))
+            correct.append(torch.zeros((), device=device))
         sums.append(term.sum())
         counted.append(mask.sum().float())
         terms.append(term)
