@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from draft_trainer.config import TrainConfig
 from draft_trainer.train import METRICS_FILE, Trainer, train
@@ -31,6 +32,7 @@ VOCAB_SIZE = 97
 def base_cfg(tmp_path_factory: pytest.TempPathFactory) -> TrainConfig:
     root = tmp_path_factory.mktemp("gpu_train")
     model = tiny_llama_dir(root / "model", hidden_size=64)
+    _sharpen_lm_head(model, 30.0)
     samples = random_samples(64, VOCAB_SIZE, seed=5)
     features = write_features(samples, root / "features", model)
     counts = np.bincount(
@@ -41,6 +43,15 @@ def base_cfg(tmp_path_factory: pytest.TempPathFactory) -> TrainConfig:
     return TrainConfig(features=str(features), vocab=str(root / "vocab"), model=str(model), out=str(root / "run"),
                        ttt_steps=3, max_batch_tokens=128, lr=3e-3, warmup_steps=3, progress=False,
                        checkpoint_every_steps=1000)  # fmt: skip
+
+
+def _sharpen_lm_head(model_dir: Path, factor: float) -> None:
+    """Scale the random verifier's lm_head so its next-token distribution is peaked (at init std 0.02 it is
+    near uniform: the soft-label loss would start at its floor and have nothing to learn)."""
+    path = next(model_dir.glob("*.safetensors"))
+    tensors = load_file(str(path))
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] * factor
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def _first_step_loss(cfg: TrainConfig) -> tuple[float, Trainer]:
