@@ -111,14 +111,11 @@ def stage_self_instruct(work: Path, n_prompts: int, seed: int, threads: int) -> 
     if not (features / "manifest.jsonl").is_file():
         import dataclasses
 
-        import numpy as np
-        import torch
-
         from client.features_reader import FeaturesReader
         from client.features_writer import FeaturesWriter
-        from client.sample import ExtractedSample
         from server.backends.base import BackendConfig
         from server.backends.hf import HfBackend
+        from tests.trainer_helpers import extract_one
 
         started = time.monotonic()
         src = FeaturesReader(work / "features-all")
@@ -128,13 +125,9 @@ def stage_self_instruct(work: Path, n_prompts: int, seed: int, threads: int) -> 
         for copied in src:
             writer.add(copied)
         backend = HfBackend(BackendConfig(model=str(model_dir), aux_layer_ids=None, dtype="float32", device="cpu"))
-        info = backend.load(lambda *_: None)
+        backend.load(lambda *_: None)
         for sample in samples:
-            states = backend.extract([sample.input_ids])[0]  # [T, L, H]
-            bits = states.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)  # [T, L, H] bf16 bits
-            ids = np.asarray(sample.input_ids, dtype=np.int32)  # [T]
-            mask = np.asarray(sample.loss_mask, dtype=np.uint8)  # [T]
-            writer.add(ExtractedSample(sample.sample_id, ids, mask, bits, info.aux_layer_ids, info.final_layer_id))
+            writer.add(extract_one(backend, sample))
         writer.close()
         backend.close()
         print(f"features-si: {len(src)} + {len(samples)} samples in {time.monotonic() - started:.0f} s", flush=True)

@@ -76,14 +76,20 @@ def write_features(
     )  # fmt: skip
     writer = FeaturesWriter.open(out_dir, meta, shard_mb=shard_mb)
     for sample in samples:
-        states = backend.extract([sample.input_ids])[0]  # [T, L, H]
-        bits = states.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)  # [T, L, H] bf16 bits
-        ids = np.asarray(sample.input_ids, dtype=np.int32)  # [T]
-        mask = np.asarray(sample.loss_mask, dtype=np.uint8)  # [T]
-        writer.add(ExtractedSample(sample.sample_id, ids, mask, bits, info.aux_layer_ids, info.final_layer_id))
+        writer.add(extract_one(backend, sample))
     writer.close()
     backend.close()
     return out_dir
+
+
+def extract_one(backend: HfBackend, sample: PreparedSample) -> ExtractedSample:
+    """One sample through a loaded backend, alone (fp32: bitwise what the server sends), as bf16 bits."""
+    assert backend.info is not None
+    states = backend.extract([sample.input_ids])[0]  # [T, L, H]
+    bits = states.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)  # [T, L, H] bf16 bits
+    ids = np.asarray(sample.input_ids, dtype=np.int32)  # [T]
+    mask = np.asarray(sample.loss_mask, dtype=np.uint8)  # [T]
+    return ExtractedSample(sample.sample_id, ids, mask, bits, backend.info.aux_layer_ids, backend.info.final_layer_id)
 
 
 def write_prepared(samples: Sequence[PreparedSample], out_dir: Path, model_dir: Path, vocab_size: int) -> Path:

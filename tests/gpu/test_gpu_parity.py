@@ -20,18 +20,12 @@ import pytest
 import torch
 
 from tests.gpu.conftest import report, require_cuda, tp_size_for
+from tests.integration.test_vllm_backend import extract_alone_and_packed, rel_l2
 
 pytestmark = pytest.mark.gpu
 MAX_BATCH_TOKENS = 256
 BOUNDS = {"float32": 1e-4, "bfloat16": 5e-2}
 LENGTHS = (13, 5, 700, 1, 90)  # 700 > MAX_BATCH_TOKENS
-
-
-def rel_l2(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
-    """[T, L, H] x2 -> [L]: ||got - want|| / ||want|| per layer."""
-    diff = (got.double() - want.double()).norm(dim=(0, 2))
-    out: torch.Tensor = diff / want.double().norm(dim=(0, 2))
-    return out
 
 
 def reference(model: Any, aux: tuple[int, ...], ids: list[int]) -> torch.Tensor:
@@ -63,22 +57,13 @@ def test_vllm_cuda_matches_transformers(which: str, dtype: str, tiny_llama_gpu_d
     require_cuda()
     from transformers import AutoModelForCausalLM
 
-    from server.backends import BackendConfig, make_backend
+    from server.backends import BackendConfig
 
     path = model_dir(which, tiny_llama_gpu_dir)
     tp = tp_size_for(*heads(path))
     config = BackendConfig(model=str(path), dtype=dtype, device="cuda", max_batch_tokens=MAX_BATCH_TOKENS,
                            tensor_parallel_size=tp, extra={"gpu_memory_utilization": "0.5"})  # fmt: skip
-    backend: Any = make_backend("vllm", config)
-    backend.load(lambda _phase, _fraction: None)
-    try:
-        info = backend.info
-        gen = torch.Generator().manual_seed(1)
-        seqs = [torch.randint(0, info.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
-        alone = [backend.extract([s])[0] for s in seqs]
-        packed = backend.extract(seqs)
-    finally:
-        backend.close()
+    info, seqs, alone, packed = extract_alone_and_packed(config, LENGTHS, seed=1)
     torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     model = model.to("cuda").eval()

@@ -73,6 +73,25 @@ def rel_l2(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def extract_alone_and_packed(
+    config: BackendConfig, lengths: tuple[int, ...], seed: int, check: Any = None
+) -> tuple[Any, list[list[int]], list[torch.Tensor], list[torch.Tensor]]:
+    """A fresh vllm backend: random sequences of ``lengths``, each extracted alone, then all in one call.
+    ``check(backend)`` runs while the engine is up. Returns (info, sequences, alone, packed)."""
+    backend: Any = make_backend("vllm", config)
+    backend.load(lambda _phase, _fraction: None)
+    try:
+        if check is not None:
+            check(backend)
+        gen = torch.Generator().manual_seed(seed)
+        seqs = [torch.randint(0, backend.info.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+        alone = [backend.extract([s])[0] for s in seqs]
+        packed = backend.extract(seqs)
+        return backend.info, seqs, alone, packed
+    finally:
+        backend.close()
+
+
 def reference_states(model: Any, aux: tuple[int, ...], ids: list[int]) -> torch.Tensor:
     captured: list[torch.Tensor] = []
     hook = model.model.layers[-1].register_forward_hook(
@@ -184,16 +203,7 @@ def test_vllm_matches_transformers_bf16_alone_and_packed(tmp_path: Path) -> None
     model_dir = vllm_tiny_llama_dir(tmp_path / "tiny")
     config = BackendConfig(model=str(model_dir), dtype="bfloat16", max_batch_tokens=MAX_BATCH_TOKENS,
                            extra={"kv_cache_gib": "0.25"})  # fmt: skip
-    backend: Any = make_backend("vllm", config)
-    backend.load(lambda _phase, _fraction: None)
-    try:
-        info = backend.info
-        gen = torch.Generator().manual_seed(4)
-        seqs = [torch.randint(0, info.vocab_size, (n,), generator=gen).tolist() for n in (13, 5, 150, 1, 40)]
-        alone = [backend.extract([s])[0] for s in seqs]
-        packed = backend.extract(seqs)
-    finally:
-        backend.close()
+    info, seqs, alone, packed = extract_alone_and_packed(config, (13, 5, 150, 1, 40), seed=4)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     for seq, single, batched in zip(seqs, alone, packed, strict=True):
         assert single.dtype == batched.dtype == torch.bfloat16

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from server.backends import BackendConfig, make_backend
-from tests.integration.test_vllm_backend import reference_states, rel_l2, require_vllm
+from server.backends import BackendConfig
+from tests.integration.test_vllm_backend import extract_alone_and_packed, reference_states, rel_l2, require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 
@@ -38,17 +38,11 @@ def test_tensor_parallel_2_matches_transformers(tmp_path: Path) -> None:
     model_dir = tp_llama_dir(tmp_path / "llama")
     config = BackendConfig(model=str(model_dir), dtype="float32", max_batch_tokens=64, tensor_parallel_size=2,
                            extra={"kv_cache_gib": "0.25"})  # fmt: skip
-    backend: Any = make_backend("vllm", config)
-    backend.load(lambda _phase, _fraction: None)
-    try:
+
+    def runs_tp2(backend: Any) -> None:
         assert backend.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
-        info = backend.info
-        gen = torch.Generator().manual_seed(3)
-        seqs = [torch.randint(0, info.vocab_size, (n,), generator=gen).tolist() for n in (17, 3, 100, 40)]
-        alone = [backend.extract([s])[0] for s in seqs]
-        packed = backend.extract(seqs)
-    finally:
-        backend.close()
+
+    info, seqs, alone, packed = extract_alone_and_packed(config, (17, 3, 100, 40), seed=3, check=runs_tp2)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for seq, single, batched in zip(seqs, alone, packed, strict=True):
         ref = reference_states(model, info.aux_layer_ids, seq)[:, :4]  # [T, 4, H]: the taps
