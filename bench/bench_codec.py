@@ -3,7 +3,7 @@
 States: the embedded verifier (SmolLM2-135M-Instruct, bf16) through the hf backend on the first
 prepared chatterbot samples, all four stored layers (aux 2, 15, 27 + final pre-norm), exactly what a
 DATA frame carries. For each codec and zstd level: wire/raw ratio and encode/decode MB/s of raw bytes
-(one thread, ``client.codec``), beside the verifier's extraction rate in MB/s of raw states. Also the
+(one thread, ``eagle3.core.codec``), beside the verifier's extraction rate in MB/s of raw states. Also the
 order-0 entropy of the high and low byte planes (the floor of any byte-wise coder) and the two planes as
 separate zstd frames without the codec's framing (what ``zstd+planes``, codec 3, sends plus 4 bytes).
 
@@ -27,14 +27,14 @@ import zstandard
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.codec import decode_payload, encode_payload  # noqa: E402
-from client.conversations import BUILTIN_CHATTERBOT  # noqa: E402
-from client.prepare import PrepareConfig, prepare_dataset  # noqa: E402
-from client.protocol import iter_prepared  # noqa: E402
-from client.protocol.frames import CODEC_NAMES  # noqa: E402
-from eagle3.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
-from server.backends.base import BackendConfig  # noqa: E402
-from server.backends.hf import HfBackend  # noqa: E402
+from eagle3.client.prepare import PrepareConfig, prepare_dataset  # noqa: E402
+from eagle3.core.codec import decode_payload, encode_payload  # noqa: E402
+from eagle3.core.conversations import BUILTIN_CHATTERBOT  # noqa: E402
+from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
+from eagle3.core.protocol import iter_prepared  # noqa: E402
+from eagle3.core.protocol.frames import CODEC_NAMES  # noqa: E402
+from eagle3.server.backends.base import BackendConfig  # noqa: E402
+from eagle3.server.backends.hf import HfBackend  # noqa: E402
 
 
 def entropy_bits(plane: np.ndarray[Any, Any]) -> float:

@@ -24,10 +24,10 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from client.conversations import Conversation, Message, iter_rows, parse_row
-from client.masking import ChatTokenizer
-from client.prepare import PrepareConfig, load_tokenizer, prepare_dataset
-from eagle3.models import DEFAULT_MODEL, resolve_model_dir
+from eagle3.client.prepare import PrepareConfig, load_tokenizer, prepare_dataset
+from eagle3.core.conversations import Conversation, Message, iter_rows, parse_row
+from eagle3.core.masking import ChatTokenizer
+from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 
 
 def conversations(multi_turn: int) -> list[Conversation]:

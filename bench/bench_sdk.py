@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.protocol.frames import Codec, Frame, FrameDecoder, FrameType, encode_frame  # noqa: E402
+from eagle3.core.protocol.frames import Codec, Frame, FrameDecoder, FrameType, encode_frame  # noqa: E402
 
 
 def build_stream(n_frames: int, payload_bytes: int) -> bytes:

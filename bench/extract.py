@@ -42,23 +42,23 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.codec import encode_payload  # noqa: E402
-from client.conversations import BUILTIN_CHATTERBOT  # noqa: E402
-from client.extract import ExtractConfig, extract_dataset  # noqa: E402
-from client.prepare import PrepareConfig, prepare_dataset  # noqa: E402
-from client.protocol import META_FILE, SAMPLES_FILE, iter_prepared  # noqa: E402
-from client.protocol.frames import CODEC_NAMES  # noqa: E402
+from eagle3.client.extract import ExtractConfig, extract_dataset  # noqa: E402
+from eagle3.client.prepare import PrepareConfig, prepare_dataset  # noqa: E402
+from eagle3.core.codec import encode_payload  # noqa: E402
+from eagle3.core.conversations import BUILTIN_CHATTERBOT  # noqa: E402
+from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
+from eagle3.core.protocol import META_FILE, SAMPLES_FILE, iter_prepared  # noqa: E402
+from eagle3.core.protocol.frames import CODEC_NAMES  # noqa: E402
 from eagle3.local_server import LocalServer  # noqa: E402
-from eagle3.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
-from server.backends.base import BackendConfig, default_aux_layer_ids  # noqa: E402
-from server.backends.hf import HfBackend  # noqa: E402
+from eagle3.server.backends.base import BackendConfig, default_aux_layer_ids  # noqa: E402
+from eagle3.server.backends.hf import HfBackend  # noqa: E402
 
 
 def mixed_conversations(path: Path, seed: int = 0) -> Path:
     """chatterbot dialogs chained 1-8 at a time (seeded) into multi-turn conversations, as JSONL."""
     import random
 
-    from client.conversations import iter_rows, parse_row
+    from eagle3.core.conversations import iter_rows, parse_row
 
     base = [parse_row(r.row or {}, r.location) for r in iter_rows(BUILTIN_CHATTERBOT)]
     rng = random.Random(seed)  # noqa: S311 (a reproducible data mix, not security)
@@ -177,7 +177,7 @@ def vllm_offline_child(
     import vllm
     from transformers import AutoConfig
 
-    from server.backends.vllm import engine_kwargs, export_package_root
+    from eagle3.server.backends.vllm import engine_kwargs, export_package_root
 
     n_layers = int(AutoConfig.from_pretrained(model_dir).num_hidden_layers)
     config = BackendConfig(model=model_dir, max_batch_tokens=max_batch_tokens)

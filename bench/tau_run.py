@@ -11,7 +11,7 @@ Stages (each skips what is already on disk):
 * mix: WORK/features-mix = the distilled features + the original chatterbot answers to the distilled
   training-split prompts (``tests.trainer_helpers.write_features_mix``);
 * self-instruct: ``--self-instruct N`` user prompts sampled from the verifier (Magpie-style,
-  ``draft_trainer.self_instruct``; none equal to a chatterbot prompt, so both eval sets stay unseen) ->
+  ``eagle3.draft_trainer.self_instruct``; none equal to a chatterbot prompt, so both eval sets stay unseen) ->
   WORK/si-prompts, their greedy answers -> WORK/si-distilled, and WORK/features-si = WORK/features-all
   (the 640 distilled chatterbot samples) + the new samples' features;
 * train: ``train(load_config(None, overrides))`` into ``--run`` (default WORK/run) on ``--features``;
@@ -29,10 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-from draft_trainer.config import load_config, parse_overrides
-from draft_trainer.distill import regenerate
-from draft_trainer.vocab import build_draft_vocab, count_assistant_tokens, save_vocab
-from eagle3.models import resolve_model_dir
+from eagle3.core.models import resolve_model_dir
+from eagle3.draft_trainer.config import load_config, parse_overrides
+from eagle3.draft_trainer.distill import regenerate
+from eagle3.draft_trainer.vocab import build_draft_vocab, count_assistant_tokens, save_vocab
 
 TRAIN_DEFAULTS = {"ttt_steps": 4, "max_batch_tokens": 1024, "lr": 2e-3, "epochs": 30, "warmup_steps": 20,
                   "torch_threads": 1, "checkpoint_every_steps": 100, "heldout_fraction": 0.05}  # fmt: skip
@@ -82,7 +82,7 @@ def chatterbot_user_texts(prepared: Path, model_dir: Path) -> set[str]:
 
     from transformers import AutoTokenizer
 
-    from client.protocol.prepared import iter_prepared
+    from eagle3.core.protocol.prepared import iter_prepared
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     texts: set[str] = set()
@@ -93,8 +93,8 @@ def chatterbot_user_texts(prepared: Path, model_dir: Path) -> set[str]:
 
 
 def stage_self_instruct(work: Path, n_prompts: int, seed: int, threads: int) -> None:
-    from client.protocol.prepared import iter_prepared, read_meta
-    from draft_trainer.self_instruct import SelfInstructConfig, sample_prompts, write_prompt_dir
+    from eagle3.core.protocol.prepared import iter_prepared, read_meta
+    from eagle3.draft_trainer.self_instruct import SelfInstructConfig, sample_prompts, write_prompt_dir
 
     model_dir = resolve_model_dir("smollm2")
     prompts_dir, distilled, features = work / "si-prompts", work / "si-distilled", work / "features-si"
@@ -111,10 +111,10 @@ def stage_self_instruct(work: Path, n_prompts: int, seed: int, threads: int) -> 
     if not (features / "manifest.jsonl").is_file():
         import dataclasses
 
-        from client.features_reader import FeaturesReader
-        from client.features_writer import FeaturesWriter
-        from server.backends.base import BackendConfig
-        from server.backends.hf import HfBackend
+        from eagle3.core.features_reader import FeaturesReader
+        from eagle3.core.features_writer import FeaturesWriter
+        from eagle3.server.backends.base import BackendConfig
+        from eagle3.server.backends.hf import HfBackend
         from tests.trainer_helpers import extract_one
 
         started = time.monotonic()
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         torch_threads(args.threads)
         stage_self_instruct(work, args.self_instruct, args.seed, args.threads)
     if args.stage in ("train", "all"):
-        from draft_trainer.train import train
+        from eagle3.draft_trainer.train import train
 
         vocab = str(work / f"vocab-{args.draft_vocab_size}")
         overrides = dict(TRAIN_DEFAULTS, features=str(features), vocab=vocab, model="smollm2", out=str(run))
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         result = train(load_config(None, overrides))
         print(json.dumps({"steps": result.steps, "train_s": round(result.train_s, 1), **result.heldout}), flush=True)
     if args.stage in ("eval", "all"):
-        from draft_trainer.evaluate import evaluate
-        from draft_trainer.export import export_draft
+        from eagle3.draft_trainer.evaluate import evaluate
+        from eagle3.draft_trainer.export import export_draft
 
         export = export_draft(run / "draft", run.with_name(run.name + "-export"))
         for name, fraction in (("heldout-split", 0.05), ("unseen", None)):

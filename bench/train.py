@@ -4,7 +4,7 @@
         [--max-batch-tokens 1024] [--ttt-steps 4] [--threads 1]
 
 Runs ``--warmup`` steps unmeasured, then ``--steps`` optimizer steps of the real training loop
-(``draft_trainer.train.Trainer.train_step``: packed batch loading from the memory-mapped features,
+(``eagle3.draft_trainer.train.Trainer.train_step``: packed batch loading from the memory-mapped features,
 TTT forward, backward, AdamW). Data time = reading + widening + packing the batch; compute = the rest.
 """
 
@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from draft_trainer.config import load_config
-from draft_trainer.train import Trainer
+from eagle3.draft_trainer.config import load_config
+from eagle3.draft_trainer.train import Trainer
 
 
 def main(argv: list[str] | None = None) -> int:

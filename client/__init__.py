@@ -1,8 +1,42 @@
-"""The light eagle3 SDK (no torch): dataset preparation now; the extraction client next.
+"""The light eagle3 SDK (no torch): prepare datasets, pull features from an extraction server.
 
-Python API of the CLI steps: ``prepare_dataset(inputs, out_dir, model=..., config=PrepareConfig())``.
+``ExtractionClient`` (``sdk.py``) for a few samples into a notebook, ``extract_dataset``
+(``extract.py``) for whole datasets to disk, resumably; ``prepare_dataset`` (``prepare.py``) to
+tokenize and mask conversations first. The same names are re-exported from ``eagle3``. Loaded on
+first use, so importing one submodule loads only what it needs.
 """
 
-from client.prepare import PrepareConfig, PrepareError, prepare_dataset
+from __future__ import annotations
 
-__all__ = ["PrepareConfig", "PrepareError", "prepare_dataset"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "ExtractionClient": "eagle3.client.sdk",
+    "extract_dataset": "eagle3.client.extract",
+    "ExtractConfig": "eagle3.client.extract",
+    "prepare_dataset": "eagle3.client.prepare",
+    "PrepareConfig": "eagle3.client.prepare",
+    "PrepareError": "eagle3.client.prepare",
+}
+
+if TYPE_CHECKING:
+    from eagle3.client.extract import ExtractConfig, extract_dataset
+    from eagle3.client.prepare import PrepareConfig, PrepareError, prepare_dataset
+    from eagle3.client.sdk import ExtractionClient
+
+__all__ = [
+    "ExtractConfig",
+    "ExtractionClient",
+    "PrepareConfig",
+    "PrepareError",
+    "extract_dataset",
+    "prepare_dataset",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'eagle3.client' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from client.conversations import BUILTIN_CHATTERBOT
-from client.prepare import PrepareConfig, prepare_dataset
-from client.protocol import SAMPLES_FILE, STATS_FILE
-from eagle3.cli_args import add_model_argument, positive_int
+from eagle3.client.prepare import PrepareConfig, prepare_dataset
+from eagle3.core.cli_args import add_model_argument, positive_int
+from eagle3.core.conversations import BUILTIN_CHATTERBOT
+from eagle3.core.protocol import SAMPLES_FILE, STATS_FILE
 
 
 def add_prepare_command(sub: Any) -> None:

@@ -33,9 +33,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The root and the features-directory errors live in the core (the features writer raises them); they
+# are part of this tree and re-exported here so ``from eagle3.client.errors import ...`` covers it all.
+from eagle3.core.errors import Eagle3Error, FeaturesWriteError, IncompatibleError, InsufficientDiskError
 
-class Eagle3Error(Exception):
-    """Base class of every error the SDK raises on purpose."""
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "Eagle3Error",
+    "FeaturesWriteError",
+    "IncompatibleError",
+    "InsufficientDiskError",
+    "InternalServerError",
+    "InvalidSampleError",
+    "NoServerAvailableError",
+    "PayloadTooLargeError",
+    "RateLimitError",
+    "SampleFailedError",
+    "SampleFailure",
+    "ServiceUnavailableError",
+    "StreamError",
+    "status_error",
+]
 
 
 class APIError(Eagle3Error):
@@ -152,18 +175,6 @@ class SampleFailedError(Eagle3Error):
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         super().__init__(f"sample {first.sample_id!r} failed: {first.type}: {first.message}{more}")
         self.failures = failures
-
-
-class IncompatibleError(Eagle3Error):
-    """The server, the prepared dataset and/or the features directory were made for different models."""
-
-
-class FeaturesWriteError(Eagle3Error):
-    """A features directory cannot be written; the shards already in its manifest are intact."""
-
-
-class InsufficientDiskError(FeaturesWriteError):
-    """Not enough free disk for the features still to be written."""
 
 
 _STATUS_CLASSES: dict[int, type[APIStatusError]] = {

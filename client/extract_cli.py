@@ -10,11 +10,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from client.extract import ExtractConfig, extract_dataset
-from client.features_writer import DEFAULT_SHARD_MB
-from client.protocol.frames import CODEC_NAMES
-from client.sdk import API_KEY_ENV, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S
-from eagle3.cli_args import positive_int
+from eagle3.client.extract import ExtractConfig, extract_dataset
+from eagle3.client.sdk import API_KEY_ENV, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S
+from eagle3.core.cli_args import positive_int
+from eagle3.core.features_writer import DEFAULT_SHARD_MB
+from eagle3.core.protocol.frames import CODEC_NAMES
 
 
 def positive_float(text: str) -> float:

@@ -18,10 +18,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from client.errors import APIConnectionError, APIError, APIStatusError, Eagle3Error, SampleFailure, StreamError
-from client.protocol.prepared import PreparedSample
-from client.sample import ExtractedSample
-from client.sdk import ExtractionClient
+from eagle3.client.errors import APIConnectionError, APIError, APIStatusError, Eagle3Error, SampleFailure, StreamError
+from eagle3.client.sdk import ExtractionClient
+from eagle3.core.protocol.prepared import PreparedSample
+from eagle3.core.sample import ExtractedSample
 
 logger = logging.getLogger(__name__)
 

@@ -24,24 +24,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from client.conversations import RawRow, iter_rows
-from client.masking import ChatTokenizer
-from client.prepare_stats import MAX_EXAMPLES, PrepareStats
-from client.prepare_workers import RowResult, tokenize_rows
-from client.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
-from eagle3.models import DEFAULT_MODEL, resolve_model_dir
+from eagle3.client.prepare_stats import MAX_EXAMPLES, PrepareStats
+from eagle3.client.prepare_workers import RowResult, tokenize_rows
+from eagle3.core.conversations import RawRow, iter_rows
+from eagle3.core.identity import model_config, tokenizer_sha256
+from eagle3.core.masking import ChatTokenizer
+from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
+from eagle3.core.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
 
 logger = logging.getLogger(__name__)
-
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 
 
 class PrepareError(RuntimeError):
@@ -70,20 +61,6 @@ class PrepareConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.on_error not in ("skip", "fail"):
             raise ValueError(f"on_error must be 'skip' or 'fail', got {self.on_error!r}")
-
-
-def model_config(model_dir: Path) -> dict[str, Any]:
-    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
-    return dict(config.get("text_config") or config)
-
-
-def tokenizer_sha256(model_dir: Path) -> str:
-    digest = hashlib.sha256()
-    for name in _TOKENIZER_FILES:
-        path = model_dir / name
-        if path.is_file():
-            digest.update(name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
 
 
 def load_tokenizer(model_dir: Path) -> Any:

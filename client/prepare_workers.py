@@ -16,8 +16,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import islice
 
-from client.conversations import RawRow, RowError, parse_row
-from client.masking import ChatTokenizer, Tokenized
+from eagle3.core.conversations import RawRow, RowError, parse_row
+from eagle3.core.masking import ChatTokenizer, Tokenized
 
 CHUNK_ROWS = 64
 

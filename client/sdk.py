@@ -1,13 +1,13 @@
 """``ExtractionClient``: hidden states from one or more eagle3 extraction servers, for notebooks and jobs.
 
-    from client.sdk import ExtractionClient
+    from eagle3.client.sdk import ExtractionClient
     with ExtractionClient("http://gpu-node:8000") as c:
         for s in c.extract([[1, 2, 3], [{"role": "user", "content": "hi"}, ...]]):
             s.hidden_states        # float32 [n, L, H]: aux taps, then the final pre-norm state
 
-Wire: ``POST /v1/extract`` answers with a frame stream (``client/protocol/frames.py``) read with
+Wire: ``POST /v1/extract`` answers with a frame stream (``core/protocol/frames.py``) read with
 ``iter_raw()`` into a ``FrameDecoder`` (bounds and checksums before anything is parsed); DATA payloads
-are decoded with ``client.codec`` (size bound from the frame meta) and chunks of a long sample are
+are decoded with ``eagle3.core.codec`` (size bound from the frame meta) and chunks of a long sample are
 reassembled in token order (``client/stream.py``).
 
 Retries (openai-python's policy): connection errors, timeouts, 429, 503, 5xx and truncated or
@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import httpx
 
-from client.errors import (
+from eagle3.client.errors import (
     APIConnectionError,
     APIError,
     APIStatusError,
@@ -43,10 +43,10 @@ from client.errors import (
     StreamError,
     status_error,
 )
-from client.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
-from client.protocol.prepared import PreparedSample
-from client.sample import ExtractedSample
-from client.stream import StreamAssembler
+from eagle3.client.stream import StreamAssembler
+from eagle3.core.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
+from eagle3.core.protocol.prepared import PreparedSample
+from eagle3.core.sample import ExtractedSample
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from client.codec import decode_payload, parse_safetensors
-from client.errors import SampleFailure, StreamError
-from client.protocol.frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameDecoder, FrameType, ProtocolError
-from client.sample import ExtractedSample
+from eagle3.client.errors import SampleFailure, StreamError
+from eagle3.core.codec import decode_payload, parse_safetensors
+from eagle3.core.protocol.frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameDecoder, FrameType, ProtocolError
+from eagle3.core.sample import ExtractedSample
 
 RAW_SLACK_BYTES = 1 << 20  # a chunk's safetensors header on top of max_payload_bytes of tensor data
 

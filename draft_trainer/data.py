@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from client.codec import bf16_to_float32
-from client.features_reader import FeaturesReader
-from draft_trainer.errors import DataError
-from draft_trainer.ttt import PackedBatch
+from eagle3.core.codec import bf16_to_float32
+from eagle3.core.features_reader import FeaturesReader
+from eagle3.draft_trainer.errors import DataError
+from eagle3.draft_trainer.ttt import PackedBatch
 
 
 def is_heldout(sample_id: str, heldout_fraction: float) -> bool:

@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from client.protocol.prepared import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedSample, iter_prepared, read_meta
+from eagle3.core.protocol.prepared import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedSample, iter_prepared, read_meta
 
 logger = logging.getLogger(__name__)
 

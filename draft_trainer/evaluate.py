@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from client.features_reader import FeaturesReader
-from client.protocol.prepared import iter_prepared
-from draft_trainer.data import FeaturesData, is_heldout
-from draft_trainer.errors import CheckpointError, DataError
-from draft_trainer.export import read_export
-from draft_trainer.model import DraftConfig, EagleDraft
-from draft_trainer.speculate import VerifierTaps, greedy_generate, speculative_generate
-from draft_trainer.ttt import Teacher, load_verifier_tensors, simulated_acceptance, ttt_forward
+from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.protocol.prepared import iter_prepared
+from eagle3.draft_trainer.data import FeaturesData, is_heldout
+from eagle3.draft_trainer.errors import CheckpointError, DataError
+from eagle3.draft_trainer.export import read_export
+from eagle3.draft_trainer.model import DraftConfig, EagleDraft
+from eagle3.draft_trainer.speculate import VerifierTaps, greedy_generate, speculative_generate
+from eagle3.draft_trainer.ttt import Teacher, load_verifier_tensors, simulated_acceptance, ttt_forward
 
 
 @dataclass
@@ -142,7 +142,7 @@ def evaluate(
 ) -> EvalResult:
     from transformers import AutoModelForCausalLM
 
-    from eagle3.models import resolve_model_dir
+    from eagle3.core.models import resolve_model_dir
 
     torch.set_num_threads(threads)
     model_dir = resolve_model_dir(model)

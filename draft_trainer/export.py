@@ -22,9 +22,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from draft_trainer.checkpoint import load_draft, write_text_atomic
-from draft_trainer.errors import CheckpointError
-from draft_trainer.model import EagleDraft
+from eagle3.draft_trainer.checkpoint import load_draft, write_text_atomic
+from eagle3.draft_trainer.errors import CheckpointError
+from eagle3.draft_trainer.model import EagleDraft
 
 EXPORT_WEIGHTS = "model.safetensors"
 EXPORT_CONFIG = "config.json"

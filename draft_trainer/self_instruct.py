@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client.protocol.prepared import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
+from eagle3.core.protocol.prepared import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
 
 IM_END = "<|im_end|>"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from draft_trainer.model import EagleDraft, attend, rope_cos_sin
+from eagle3.draft_trainer.model import EagleDraft, attend, rope_cos_sin
 
 
 class VerifierTaps:

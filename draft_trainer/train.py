@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from draft_trainer.checkpoint import (
+from eagle3.draft_trainer.checkpoint import (
     DRAFT_DIR,
     load_checkpoint,
     load_draft,
@@ -34,11 +34,11 @@ from draft_trainer.checkpoint import (
     set_rng_state,
     write_text_atomic,
 )
-from draft_trainer.config import TrainConfig, resolve_device
-from draft_trainer.data import FeaturesData
-from draft_trainer.errors import ConfigError, DataError
-from draft_trainer.model import EagleDraft, draft_config_from_target
-from draft_trainer.ttt import (
+from eagle3.draft_trainer.config import TrainConfig, resolve_device
+from eagle3.draft_trainer.data import FeaturesData
+from eagle3.draft_trainer.errors import ConfigError, DataError
+from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
+from eagle3.draft_trainer.ttt import (
     PackedBatch,
     Teacher,
     load_verifier_tensors,
@@ -46,7 +46,7 @@ from draft_trainer.ttt import (
     step_counts,
     ttt_forward,
 )
-from draft_trainer.vocab import VOCAB_FILE, load_vocab
+from eagle3.draft_trainer.vocab import VOCAB_FILE, load_vocab
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -61,7 +61,7 @@ class RunResult:
 
 
 def resolve_model(model: str) -> Path:
-    from eagle3.models import resolve_model_dir
+    from eagle3.core.models import resolve_model_dir
 
     return resolve_model_dir(model)
 
@@ -335,7 +335,7 @@ def _is_main_thread() -> bool:
 
 def _plot(run_dir: Path) -> None:
     try:
-        from draft_trainer.plot import plot_metrics
+        from eagle3.draft_trainer.plot import plot_metrics
     except ImportError:  # matplotlib missing: the JSONL log is the record
         return
     plot_metrics(run_dir / METRICS_FILE, run_dir / "training.png")

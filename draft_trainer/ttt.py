@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from torch.nn import functional
 
-from draft_trainer.model import EagleDraft, rope_cos_sin
+from eagle3.draft_trainer.model import EagleDraft, rope_cos_sin
 
 
 class Teacher(torch.nn.Module):

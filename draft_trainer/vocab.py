@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from client.protocol import iter_prepared, read_meta
+from eagle3.core.protocol import iter_prepared, read_meta
 
 VOCAB_FILE = "vocab.safetensors"
 VOCAB_STATS_FILE = "vocab.json"

@@ -15,24 +15,24 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from client.cli import add_prepare_command
-from client.conversations import SourceError
-from client.errors import Eagle3Error
-from client.extract_cli import add_extract_command
-from client.masking import TemplateError
-from client.prepare import PrepareError
-from client.prepare_workers import WorkerError
-from client.protocol import PreparedFormatError
-from client.protocol.features import FeaturesFormatError
-from draft_trainer.cli import add_trainer_commands, add_vocab_command
-from draft_trainer.errors import TrainerError
-from draft_trainer.evaluate_vllm import VllmEvalError
-from draft_trainer.vocab import VocabError
 from eagle3 import __version__
+from eagle3.client.cli import add_prepare_command
+from eagle3.client.errors import Eagle3Error
+from eagle3.client.extract_cli import add_extract_command
+from eagle3.client.prepare import PrepareError
+from eagle3.client.prepare_workers import WorkerError
+from eagle3.core.conversations import SourceError
+from eagle3.core.masking import TemplateError
+from eagle3.core.models import ModelNotFoundError
+from eagle3.core.protocol import PreparedFormatError
+from eagle3.core.protocol.features import FeaturesFormatError
 from eagle3.demo import add_demo_command
-from eagle3.models import ModelNotFoundError
-from server.cli import add_serve_command
-from server.config import SettingsError
+from eagle3.draft_trainer.cli import add_trainer_commands, add_vocab_command
+from eagle3.draft_trainer.errors import TrainerError
+from eagle3.draft_trainer.evaluate_vllm import VllmEvalError
+from eagle3.draft_trainer.vocab import VocabError
+from eagle3.server.cli import add_serve_command
+from eagle3.server.config import SettingsError
 
 USER_ERRORS = (
     Eagle3Error,

@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client.conversations import BUILTIN_CHATTERBOT
-from client.extract import ExtractConfig, ExtractSummary, extract_dataset
-from client.prepare import PrepareConfig, prepare_dataset
-from draft_trainer.cli import format_vocab_stats
-from draft_trainer.vocab import make_vocab
-from eagle3.cli_args import add_model_argument, positive_int
+from eagle3.client.extract import ExtractConfig, ExtractSummary, extract_dataset
+from eagle3.client.prepare import PrepareConfig, prepare_dataset
+from eagle3.core.cli_args import add_model_argument, positive_int
+from eagle3.core.conversations import BUILTIN_CHATTERBOT
+from eagle3.core.models import resolve_model_dir
+from eagle3.draft_trainer.cli import format_vocab_stats
+from eagle3.draft_trainer.vocab import make_vocab
 from eagle3.local_server import LocalServer
-from eagle3.models import resolve_model_dir
 
 N_STEPS = 8
 # Training settings measured on this project's 2-core CPU machine (docs/training.md, "measured acceptance").
@@ -63,11 +63,11 @@ def step(n: int, text: str) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from draft_trainer.config import load_config
-    from draft_trainer.distill import regenerate
-    from draft_trainer.evaluate import evaluate
-    from draft_trainer.export import check_export, export_draft
-    from draft_trainer.train import train
+    from eagle3.draft_trainer.config import load_config
+    from eagle3.draft_trainer.distill import regenerate
+    from eagle3.draft_trainer.evaluate import evaluate
+    from eagle3.draft_trainer.export import check_export, export_draft
+    from eagle3.draft_trainer.train import train
 
     started = time.monotonic()
     out: Path = args.out

@@ -24,14 +24,14 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.protocol.frames import CODEC_NAMES
-from server.backends import Backend
-from server.config import ServerSettings
-from server.errors import ApiError
-from server.runtime import Runtime
-from server.scheduler import AdmissionError
-from server.stream import EncodeOptions, ExtractStream, FrameStreamResponse, stream_header
-from server.validation import check_samples, parse_request
+from eagle3.core.protocol.frames import CODEC_NAMES
+from eagle3.server.backends import Backend
+from eagle3.server.config import ServerSettings
+from eagle3.server.errors import ApiError
+from eagle3.server.runtime import Runtime
+from eagle3.server.scheduler import AdmissionError
+from eagle3.server.stream import EncodeOptions, ExtractStream, FrameStreamResponse, stream_header
+from eagle3.server.validation import check_samples, parse_request
 
 logger = logging.getLogger(__name__)
 TENANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")

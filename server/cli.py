@@ -13,8 +13,8 @@ import argparse
 import os
 from typing import Any
 
-from eagle3.models import DEFAULT_MODEL, is_embedded_name, resolve_model_dir
-from server.config import ServerSettings, SettingsError, default_tensor_parallel_size, parse_api_keys
+from eagle3.core.models import DEFAULT_MODEL, is_embedded_name, resolve_model_dir
+from eagle3.server.config import ServerSettings, SettingsError, default_tensor_parallel_size, parse_api_keys
 
 
 def add_serve_command(sub: Any) -> None:
@@ -117,7 +117,7 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if not is_embedded_name(settings.model):
         resolve_model_dir(settings.model)  # fail fast on a bad --model (the embedded one converts in the background)
-    from server.serve import serve
+    from eagle3.server.serve import serve
 
     serve(settings)
     return 0

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3.models import DEFAULT_MODEL
+from eagle3.core.models import DEFAULT_MODEL
 
 
 class SettingsError(ValueError):

@@ -24,13 +24,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from client.masking import ChatTokenizer
-from client.protocol.frames import CODEC_NAMES
-from server.backends import Backend, BackendConfig, BackendInfo, make_backend
-from server.config import ServerSettings
-from server.metrics import Metrics
-from server.scheduler import Scheduler, request_buffer_tokens
-from server.warmup import warm_up
+from eagle3.core.masking import ChatTokenizer
+from eagle3.core.protocol.frames import CODEC_NAMES
+from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_backend
+from eagle3.server.config import ServerSettings
+from eagle3.server.metrics import Metrics
+from eagle3.server.scheduler import Scheduler, request_buffer_tokens
+from eagle3.server.warmup import warm_up
 
 logger = logging.getLogger(__name__)
 ABORT_GRACE_S = 5.0  # after the drain timeout: streams get this long to send their ERROR frame

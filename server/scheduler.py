@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.metrics import Metrics
+from eagle3.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 ExtractFn = Callable[[Sequence[Sequence[int]]], Sequence[Any]]

@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 
 import uvicorn
 
-from server.app import create_app
-from server.config import ServerSettings
+from eagle3.server.app import create_app
+from eagle3.server.config import ServerSettings
 
 logger = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 30.0  # after the drain: the most the rest of shutdown may take

@@ -2,7 +2,7 @@
 
 Each finished sample becomes one or more DATA frames: a safetensors blob per token range
 (``hidden_states`` BF16 ``[n, L+1, H]``, ``input_ids`` I32, ``loss_mask`` U8), at most
-``max_payload_bytes`` raw, encoded with ``client.codec.encode_payload`` in a worker thread (never on the
+``max_payload_bytes`` raw, encoded with ``eagle3.core.codec.encode_payload`` in a worker thread (never on the
 event loop). Frames are coalesced into HTTP writes of about ``stream_chunk_bytes``. The stream's budget
 goes back to the scheduler as each sample is written, and all of it in ``close`` (exactly once).
 """
@@ -21,11 +21,11 @@ import torch
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from client.codec import RawTensor, build_safetensors, encode_payload
-from client.protocol.frames import CONTENT_TYPE, PROTOCOL_VERSION, Codec, Frame, FrameType, encode_frame
-from server.backends import BackendInfo
-from server.metrics import Metrics
-from server.scheduler import Request, Result, Scheduler
+from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
+from eagle3.core.protocol.frames import CONTENT_TYPE, PROTOCOL_VERSION, Codec, Frame, FrameType, encode_frame
+from eagle3.server.backends import BackendInfo
+from eagle3.server.metrics import Metrics
+from eagle3.server.scheduler import Request, Result, Scheduler
 
 logger = logging.getLogger(__name__)
 SAFETENSORS_HEADER_BYTES = 512  # generous bound on the JSON header of one blob

@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from client.conversations import Message, RowError
-from client.masking import ChatTokenizer, TemplateError
-from server.errors import ApiError
-from server.scheduler import Sample
+from eagle3.core.conversations import Message, RowError
+from eagle3.core.masking import ChatTokenizer, TemplateError
+from eagle3.server.errors import ApiError
+from eagle3.server.scheduler import Sample
 
 
 class MessageIn(BaseModel):

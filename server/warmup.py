@@ -26,14 +26,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from client.codec import decode_payload, parse_safetensors
-from client.protocol.frames import CODEC_NAMES, Codec, FrameDecoder, FrameType
-from server.scheduler import Sample
-from server.stream import EncodeOptions, ExtractStream, stream_header
-from server.validation import check_samples, parse_request
+from eagle3.core.codec import decode_payload, parse_safetensors
+from eagle3.core.protocol.frames import CODEC_NAMES, Codec, FrameDecoder, FrameType
+from eagle3.server.scheduler import Sample
+from eagle3.server.stream import EncodeOptions, ExtractStream, stream_header
+from eagle3.server.validation import check_samples, parse_request
 
 if TYPE_CHECKING:
-    from server.runtime import Runtime
+    from eagle3.server.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 WARMUP_TENANT = "_warmup"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from eagle3.models import DEFAULT_MODEL, resolve_model_dir
+from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 
 
 @pytest.fixture(scope="session")

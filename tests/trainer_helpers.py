@@ -1,6 +1,6 @@
 """Helpers for the trainer's tests and the τ run: tiny random verifiers and in-process features.
 
-``write_features`` runs the hf backend (``server.backends.hf.HfBackend``) in this process and writes
+``write_features`` runs the hf backend (``eagle3.server.backends.hf.HfBackend``) in this process and writes
 a features directory with the SDK's ``FeaturesWriter``: the same bytes ``eagle3 extract`` would
 write, without a server. It lives here (not in ``draft_trainer``) because the trainer never imports
 ``server``.
@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from client.features_writer import FeaturesWriter
-from client.protocol.features import FeaturesMeta
-from client.protocol.prepared import PreparedSample, iter_prepared
-from client.sample import ExtractedSample
-from server.backends.base import BackendConfig
-from server.backends.hf import HfBackend
+from eagle3.core.features_writer import FeaturesWriter
+from eagle3.core.protocol.features import FeaturesMeta
+from eagle3.core.protocol.prepared import PreparedSample, iter_prepared
+from eagle3.core.sample import ExtractedSample
+from eagle3.server.backends.base import BackendConfig
+from eagle3.server.backends.hf import HfBackend
 
 
 def tiny_llama_dir(
@@ -94,7 +94,7 @@ def extract_one(backend: HfBackend, sample: PreparedSample) -> ExtractedSample:
 
 def write_prepared(samples: Sequence[PreparedSample], out_dir: Path, model_dir: Path, vocab_size: int) -> Path:
     """A prepared directory (samples.jsonl + meta.json) for tests that go through eval's prompt selection."""
-    from client.protocol.prepared import PreparedMeta
+    from eagle3.core.protocol.prepared import PreparedMeta
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "samples.jsonl").write_text("".join(s.to_json() + "\n" for s in samples))
@@ -117,8 +117,8 @@ def write_features_mix(
     import dataclasses
     import random
 
-    from client.features_reader import FeaturesReader
-    from draft_trainer.data import is_heldout
+    from eagle3.core.features_reader import FeaturesReader
+    from eagle3.draft_trainer.data import is_heldout
 
     src = FeaturesReader(distilled_features)
     train_prompts: set[tuple[int, ...]] = set()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from server.backends.base import Backend, BackendConfig, BackendError, BackendInfo
+from eagle3.server.backends.base import Backend, BackendConfig, BackendError, BackendInfo
 
 __all__ = ["Backend", "BackendConfig", "BackendError", "BackendInfo", "make_backend", "resolve_backend_name"]
 
@@ -24,10 +24,10 @@ def resolve_backend_name(name: str) -> str:
 def make_backend(name: str, config: BackendConfig) -> Backend:
     name = resolve_backend_name(name)
     if name == "vllm":
-        from server.backends.vllm import VllmBackend  # type: ignore[import-not-found,unused-ignore]
+        from eagle3.server.backends.vllm import VllmBackend  # type: ignore[import-not-found,unused-ignore]
 
         backend: Backend = VllmBackend(config)
         return backend
-    from server.backends.hf import HfBackend
+    from eagle3.server.backends.hf import HfBackend
 
     return HfBackend(config)

@@ -35,7 +35,7 @@ class BackendError(RuntimeError):
 
 @dataclass(frozen=True)
 class BackendConfig:
-    model: str  # a local HF directory or the embedded default's name (eagle3.models.resolve_model_dir)
+    model: str  # a local HF directory or the embedded default's name (eagle3.core.models.resolve_model_dir)
     aux_layer_ids: tuple[int, ...] | None = None  # None: (2, N // 2, N - 3)
     dtype: str = "bfloat16"  # "bfloat16" | "float32"
     device: str = "auto"  # "auto" | "cpu" | "cuda"

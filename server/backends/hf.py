@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from client.prepare import tokenizer_sha256
-from eagle3.models import resolve_model_dir
-from server.backends.base import (
+from eagle3.core.identity import tokenizer_sha256
+from eagle3.core.models import resolve_model_dir
+from eagle3.server.backends.base import (
     BackendConfig,
     BackendError,
     BackendInfo,

@@ -3,7 +3,7 @@
 The engine runs vLLM's ``extract_hidden_states`` speculative method: the verifier's forward pass
 records the residual stream at ``aux_layer_ids + (N,)`` (vLLM semantics, DESIGN.md §3.1: id ``k < N``
 is the stream entering decoder layer ``k``, id ``N`` the last layer's output before the final norm)
-and ``server.backends.vllm_connector`` hands each finished sample over through a private tmpfs
+and ``eagle3.server.backends.vllm_connector`` hands each finished sample over through a private tmpfs
 directory (its docstring says why not memory). Each ``extract`` call is one ``LLM.generate`` with
 ``max_tokens=1``; the scheduler's token budget is vLLM's ``max_num_batched_tokens``, so a packed
 batch is one forward step (a sample longer than the budget is prefilled in chunks).
@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from client.prepare import tokenizer_sha256
-from eagle3.models import resolve_model_dir
-from server.backends.base import (
+from eagle3.core.identity import tokenizer_sha256
+from eagle3.core.models import resolve_model_dir
+from eagle3.server.backends.base import (
     BackendConfig,
     BackendError,
     BackendInfo,
@@ -46,8 +46,8 @@ from server.backends.base import (
     check_aux_layer_ids,
     default_aux_layer_ids,
 )
-from server.backends.hf import DTYPES, checkpoint_revision
-from server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
+from eagle3.server.backends.hf import DTYPES, checkpoint_revision
+from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
 
 logger = logging.getLogger(__name__)
 CPU_KV_CACHE_GIB = 2.0

@@ -20,7 +20,7 @@ executor; TP>1 does everywhere). So the backend points ``shared_storage_path`` a
 directory (``/dev/shm``): the handover is one memcpy into shared memory and one out, never disk.
 
 Loaded by vLLM's engine and worker processes through ``kv_connector_module_path``
-(``server.backends.vllm_connector``): this module must stay importable there, so it imports only
+(``eagle3.server.backends.vllm_connector``): this module must stay importable there, so it imports only
 vLLM and torch.
 """
 
@@ -39,7 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 )
 
 CONNECTOR_NAME = "Eagle3HiddenStatesConnector"
-CONNECTOR_MODULE = "server.backends.vllm_connector"
+CONNECTOR_MODULE = "eagle3.server.backends.vllm_connector"
 
 
 class _CompletedCopy:

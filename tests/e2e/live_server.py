@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from client.codec import decode_payload, parse_safetensors
-from client.protocol.frames import Frame, FrameDecoder, FrameType
+from eagle3.core.codec import decode_payload, parse_safetensors
+from eagle3.core.protocol.frames import Frame, FrameDecoder, FrameType
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

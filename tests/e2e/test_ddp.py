@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draft_trainer.config import load_config
-from draft_trainer.train import METRICS_FILE, train
-from draft_trainer.vocab import build_draft_vocab, save_vocab
+from eagle3.draft_trainer.config import load_config
+from eagle3.draft_trainer.train import METRICS_FILE, train
+from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
 from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +41,7 @@ def test_two_gloo_processes_equal_one_with_the_same_global_batch(tmp_path: Path)
     paths = {"features": str(features), "vocab": str(tmp_path / "vocab"), "model": str(model)}
     single = train(load_config(None, dict(common, **paths, out=str(tmp_path / "single"), grad_accum_steps="2")))
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
-            "-m", "draft_trainer.run", "--features", str(features), "--vocab", str(tmp_path / "vocab"),
+            "-m", "eagle3.train", "--features", str(features), "--vocab", str(tmp_path / "vocab"),
             "--model", str(model), "--out", str(tmp_path / "ddp")]  # fmt: skip
     for key, value in common.items():
         args += ["--set", f"{key}={value}"]

@@ -24,11 +24,11 @@ import httpx
 import numpy as np
 import pytest
 
-from client.features_reader import FeaturesReader
-from client.prepare import PrepareConfig, prepare_dataset
-from client.protocol import iter_prepared
-from client.protocol.features import MANIFEST_FILE, SHARDS_DIR, iter_manifest
-from client.sdk import ExtractionClient
+from eagle3.client.prepare import PrepareConfig, prepare_dataset
+from eagle3.client.sdk import ExtractionClient
+from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.protocol import iter_prepared
+from eagle3.core.protocol.features import MANIFEST_FILE, SHARDS_DIR, iter_manifest
 
 pytestmark = pytest.mark.e2e
 

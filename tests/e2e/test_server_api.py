@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from client.protocol.frames import CONTENT_TYPE, FrameType
+from eagle3.core.protocol.frames import CONTENT_TYPE, FrameType
 from tests.e2e.live_server import LiveServer, assemble, iter_frames, tiny_llama_dir
 
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client.protocol.frames import Frame, FrameDecoder, FrameType
+from eagle3.core.protocol.frames import Frame, FrameDecoder, FrameType
 from tests.e2e.live_server import LiveServer, iter_frames, tiny_llama_dir
 
 pytestmark = pytest.mark.e2e

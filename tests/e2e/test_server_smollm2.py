@@ -1,6 +1,6 @@
 """The real verifier behind a live server: features over the wire equal plain transformers (bf16
 bits), chat messages are tokenized and masked exactly like the SDK's ``prepare`` would, and the
-tokenizer hash in HEADER and /v1/info equals ``client.prepare.tokenizer_sha256``."""
+tokenizer hash in HEADER and /v1/info equals ``eagle3.client.prepare.tokenizer_sha256``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from client.conversations import Message
-from client.masking import ChatTokenizer
-from client.prepare import tokenizer_sha256
-from client.protocol.frames import FrameType
+from eagle3.core.conversations import Message
+from eagle3.core.identity import tokenizer_sha256
+from eagle3.core.masking import ChatTokenizer
+from eagle3.core.protocol.frames import FrameType
 from tests.e2e.live_server import LiveServer, assemble, iter_frames
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,7 @@
 """Fixtures for the GPU-host checks (``tests/gpu/run.sh``). Every test here is marked ``gpu`` and skips
 where torch sees no CUDA device, so ``make test`` (``-m "not gpu"``) never runs them on CPU machines.
 
-Models are made here or come from the embedded verifier (``eagle3.models``): a GPU host needs no hub
+Models are made here or come from the embedded verifier (``eagle3.core.models``): a GPU host needs no hub
 access either. ``EAGLE3_GPU_TP`` overrides the tensor-parallel size (default: the largest power of two
 <= the visible GPUs, at most 8, that divides the model's attention and KV heads).
 ``EAGLE3_GPU_JSON`` names a JSONL file the tests append their figures to (default: stdout only).
@@ -52,7 +52,7 @@ def tiny_llama_gpu_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_cuda()
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from eagle3.models import DEFAULT_MODEL, resolve_model_dir
+    from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
     from tests.e2e.live_server import TOKENIZER_FILES
 
     root = tmp_path_factory.mktemp("tiny-llama-gpu")

@@ -41,7 +41,7 @@ def reference(model: Any, aux: tuple[int, ...], ids: list[int]) -> torch.Tensor:
 
 
 def model_dir(which: str, tiny_llama_gpu_dir: Path) -> Path:
-    from eagle3.models import DEFAULT_MODEL, resolve_model_dir
+    from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 
     return tiny_llama_gpu_dir if which == "tiny" else resolve_model_dir(DEFAULT_MODEL)
 
@@ -57,7 +57,7 @@ def test_vllm_cuda_matches_transformers(which: str, dtype: str, tiny_llama_gpu_d
     require_cuda()
     from transformers import AutoModelForCausalLM
 
-    from server.backends import BackendConfig
+    from eagle3.server.backends import BackendConfig
 
     path = model_dir(which, tiny_llama_gpu_dir)
     tp = tp_size_for(*heads(path))
@@ -84,7 +84,7 @@ def test_two_clients_at_once_through_the_server(tiny_llama_gpu_dir: Path, tmp_pa
     require_cuda()
     from transformers import AutoModelForCausalLM
 
-    from client.sdk import ExtractionClient
+    from eagle3.client.sdk import ExtractionClient
     from tests.e2e.live_server import LiveServer
 
     path = tiny_llama_gpu_dir

@@ -36,8 +36,8 @@ def test_cuda_vllm_greedy_with_eagle3_draft_equals_without(dtype: str, tmp_path:
     require_cuda()
     from transformers import AutoTokenizer
 
-    from draft_trainer.evaluate_vllm import evaluate_vllm
-    from eagle3.models import DEFAULT_MODEL, resolve_model_dir
+    from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
+    from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     export_dir = export_with_trainer(verifier_head_draft(model_dir), tmp_path / "run", tmp_path / "export")

@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draft_trainer.config import TrainConfig
-from draft_trainer.train import METRICS_FILE, Trainer, train
-from draft_trainer.vocab import build_draft_vocab, save_vocab
+from eagle3.draft_trainer.config import TrainConfig
+from eagle3.draft_trainer.train import METRICS_FILE, Trainer, train
+from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
 from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
 
 pytestmark = [

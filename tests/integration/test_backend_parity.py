@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from server.backends import BackendConfig, make_backend
-from server.backends.hf import HfBackend
+from eagle3.server.backends import BackendConfig, make_backend
+from eagle3.server.backends.hf import HfBackend
 from tests.e2e.live_server import tiny_llama_dir
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.protocol import iter_prepared
-from draft_trainer.vocab import count_assistant_tokens, load_vocab
+from eagle3.core.protocol import iter_prepared
+from eagle3.draft_trainer.vocab import count_assistant_tokens, load_vocab
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from eagle3 import models
-from eagle3.models import DEFAULT_MODEL, ModelNotFoundError, resolve_model_dir
+from eagle3.core import models
+from eagle3.core.models import DEFAULT_MODEL, ModelNotFoundError, resolve_model_dir
 
 pytestmark = pytest.mark.integration
 

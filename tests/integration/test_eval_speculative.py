@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from client.protocol.prepared import iter_prepared
-from draft_trainer.config import load_config
-from draft_trainer.distill import regenerate
-from draft_trainer.evaluate import evaluate, heldout_prompts, load_export_draft
-from draft_trainer.export import check_export, export_draft
-from draft_trainer.speculate import VerifierTaps, speculative_generate
-from draft_trainer.train import train
-from draft_trainer.ttt import load_verifier_tensors
-from draft_trainer.vocab import build_draft_vocab, count_assistant_tokens, save_vocab
+from eagle3.core.protocol.prepared import iter_prepared
+from eagle3.draft_trainer.config import load_config
+from eagle3.draft_trainer.distill import regenerate
+from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts, load_export_draft
+from eagle3.draft_trainer.export import check_export, export_draft
+from eagle3.draft_trainer.speculate import VerifierTaps, speculative_generate
+from eagle3.draft_trainer.train import train
+from eagle3.draft_trainer.ttt import load_verifier_tensors
+from eagle3.draft_trainer.vocab import build_draft_vocab, count_assistant_tokens, save_vocab
 from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features, write_prepared
 
 pytestmark = pytest.mark.integration
@@ -86,9 +86,9 @@ def test_speculative_output_equals_transformers_generate(trained: dict[str, Path
 
 
 def test_heldout_split_prompts_come_from_the_features_but_not_from_training(trained: dict[str, Path]) -> None:
-    from client.features_reader import FeaturesReader
-    from draft_trainer.data import is_heldout
-    from draft_trainer.errors import DataError
+    from eagle3.core.features_reader import FeaturesReader
+    from eagle3.draft_trainer.data import is_heldout
+    from eagle3.draft_trainer.errors import DataError
 
     fraction = 0.3
     held: set[tuple[int, ...]] = set()

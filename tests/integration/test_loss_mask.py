@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from client.conversations import Message, RowError, iter_rows, parse_row
-from client.masking import ChatTokenizer, TemplateError
+from eagle3.core.conversations import Message, RowError, iter_rows, parse_row
+from eagle3.core.masking import ChatTokenizer, TemplateError
 
 pytestmark = pytest.mark.integration
 

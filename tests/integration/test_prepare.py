@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from client.prepare import PrepareConfig, PrepareError, prepare_dataset
-from client.protocol import PreparedFormatError, iter_prepared, read_meta
-from eagle3.models import ModelNotFoundError
+from eagle3.client.prepare import PrepareConfig, PrepareError, prepare_dataset
+from eagle3.core.models import ModelNotFoundError
+from eagle3.core.protocol import PreparedFormatError, iter_prepared, read_meta
 from tests.conftest import read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -252,9 +252,9 @@ def test_worker_processes_stop_at_the_first_malformed_row(tmp_path, smollm2_toke
 
 
 def test_a_dead_worker_is_an_error_not_a_hang(tmp_path, smollm2_tokenizer):
-    from client.conversations import iter_rows
-    from client.masking import ChatTokenizer
-    from client.prepare_workers import WorkerError, tokenize_rows
+    from eagle3.client.prepare_workers import WorkerError, tokenize_rows
+    from eagle3.core.conversations import iter_rows
+    from eagle3.core.masking import ChatTokenizer
 
     src = write_jsonl(tmp_path / "in.jsonl", ROWS * 50)
     rows = iter_rows(str(src))  # the workers cannot load a tokenizer from a missing directory

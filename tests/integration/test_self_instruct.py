@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from client.protocol.prepared import iter_prepared, read_meta
-from draft_trainer.distill import prompt_of
-from draft_trainer.self_instruct import (
+from eagle3.core.protocol.prepared import iter_prepared, read_meta
+from eagle3.draft_trainer.distill import prompt_of
+from eagle3.draft_trainer.self_instruct import (
     IM_END,
     SelfInstructConfig,
     is_acceptable,
@@ -56,7 +56,7 @@ def test_write_prompt_dir_round_trip(tmp_path: Path, smollm2_dir: Path, smollm2_
     texts = ["What is the tallest mountain on Earth?", "Write a haiku about rain."]
     meta_src = tmp_path / "meta_src"
     meta_src.mkdir()
-    from client.protocol.prepared import META_FILE, PreparedMeta
+    from eagle3.core.protocol.prepared import META_FILE, PreparedMeta
 
     meta = PreparedMeta("smollm2", str(smollm2_dir), "t" * 64, "c" * 64, 49152, 8192, "drop", ["self-instruct"])
     (meta_src / META_FILE).write_text(meta.to_json())

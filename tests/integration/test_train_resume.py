@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from draft_trainer.checkpoint import CHECKPOINT_FILE
-from draft_trainer.config import load_config
-from draft_trainer.train import METRICS_FILE, train
-from draft_trainer.vocab import build_draft_vocab, save_vocab
+from eagle3.draft_trainer.checkpoint import CHECKPOINT_FILE
+from eagle3.draft_trainer.config import load_config
+from eagle3.draft_trainer.train import METRICS_FILE, train
+from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
 from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
 
 pytestmark = pytest.mark.integration
@@ -45,8 +45,8 @@ def _losses(run: Path) -> list[tuple[int, float]]:
 
 
 def _start(settings: dict[str, str], run: Path) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "draft_trainer.run", "--features", settings["features"], "--vocab", settings["vocab"],
-            "--model", settings["model"], "--out", str(run)]  # fmt: skip
+    args = [sys.executable, "-m", "eagle3.train", "--features", settings["features"],
+            "--vocab", settings["vocab"], "--model", settings["model"], "--out", str(run)]  # fmt: skip
     for key, value in settings.items():
         if key not in ("features", "vocab", "model"):
             args += ["--set", f"{key}={value}"]
@@ -100,7 +100,7 @@ def test_killed_and_stopped_run_resumes_to_the_same_curve(setup: dict[str, str],
 
 def test_every_epoch_trains_every_sample_once(setup: dict[str, str], tmp_path: Path) -> None:
     """Reshuffled epochs pack into a varying number of micro-batches; none may be dropped."""
-    from draft_trainer.train import Trainer
+    from eagle3.draft_trainer.train import Trainer
 
     cfg = load_config(None, dict(setup, out=str(tmp_path / "run"), epochs="6"))
     trainer = Trainer(cfg)

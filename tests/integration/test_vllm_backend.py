@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from client.prepare import tokenizer_sha256
-from server.backends import BackendConfig, BackendError, make_backend
+from eagle3.core.identity import tokenizer_sha256
+from eagle3.server.backends import BackendConfig, BackendError, make_backend
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 MAX_BATCH_TOKENS = 64
@@ -123,7 +123,7 @@ def backend(smollm2_dir: Path) -> Iterator[Any]:
 
 
 def test_load_reports_progress_and_describes_the_verifier(backend: Any, smollm2_dir: Path) -> None:
-    from server.backends.hf import checkpoint_revision
+    from eagle3.server.backends.hf import checkpoint_revision
 
     fractions = [f for _, f in backend.phases]
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
@@ -177,7 +177,7 @@ def test_every_sample_is_validated(backend: Any) -> None:
 
 def test_engine_settings_and_bad_options(smollm2_dir: Path) -> None:
     require_vllm()
-    from server.backends.vllm import VllmBackend, engine_kwargs
+    from eagle3.server.backends.vllm import VllmBackend, engine_kwargs
 
     config = BackendConfig(model=str(smollm2_dir), max_batch_tokens=4096, tensor_parallel_size=2)
     kwargs = engine_kwargs(config, smollm2_dir, [2, 15, 27, 30], 8192, "cpu", "/tmp/x")

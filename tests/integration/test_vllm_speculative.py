@@ -2,7 +2,7 @@
 equals greedy output without it, and vLLM's acceptance counters are present, sane and match what the
 draft must do.
 
-The draft is built with the trainer's model code (``draft_trainer.model.EagleDraft``) and written
+The draft is built with the trainer's model code (``eagle3.draft_trainer.model.EagleDraft``) and written
 by the trainer's exporter. Its weights make it a known function, so vLLM accepts some drafts and the
 accept path (not only the reject path) is checked against a prediction:
 
@@ -55,7 +55,7 @@ def verifier_head_draft(model_dir: Path) -> Any:
     """An ``EagleDraft`` whose first drafted token is the verifier's greedy token (see module doc)."""
     from safetensors import safe_open
 
-    from draft_trainer.model import EagleDraft, draft_config_from_target
+    from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
 
     target = json.loads((model_dir / "config.json").read_text())
     n_layers, hidden = int(target["num_hidden_layers"]), int(target["hidden_size"])
@@ -82,8 +82,8 @@ def verifier_head_draft(model_dir: Path) -> Any:
 
 def export_with_trainer(draft: Any, run_dir: Path, export_dir: Path) -> Path:
     """The trainer's own path: ``save_draft`` (a run's ``draft/``), ``export_draft``, ``check_export``."""
-    from draft_trainer.checkpoint import save_draft
-    from draft_trainer.export import check_export, export_draft
+    from eagle3.draft_trainer.checkpoint import save_draft
+    from eagle3.draft_trainer.export import check_export, export_draft
 
     save_draft(draft, run_dir / "draft")
     out = export_draft(run_dir, export_dir)
@@ -112,7 +112,7 @@ def test_vllm_greedy_with_eagle3_draft_equals_without(smollm2_dir: Path, tmp_pat
     require_vllm()
     from transformers import AutoTokenizer
 
-    from draft_trainer.evaluate_vllm import evaluate_vllm, render_prompts
+    from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm, render_prompts
 
     export_dir = export_with_trainer(verifier_head_draft(smollm2_dir), tmp_path / "run", tmp_path / "export")
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))

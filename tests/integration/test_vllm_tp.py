@@ -2,7 +2,7 @@
 across two worker processes, the connector gathering from each rank's cache) runs for real here.
 
 A random fp32 Llama with 4 attention heads of 32 and 2 KV heads (SmolLM2's 9 heads cannot split in
-two), two CPU workers pinned one core each (``server.backends.vllm.bind_cpu_workers``); features must
+two), two CPU workers pinned one core each (``eagle3.server.backends.vllm.bind_cpu_workers``); features must
 equal plain transformers per layer (relative L2 < 1e-4), alone and packed. ~1-2 min here.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from server.backends import BackendConfig
+from eagle3.server.backends import BackendConfig
 from tests.integration.test_vllm_backend import extract_alone_and_packed, reference_states, rel_l2, require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from client.codec import RawTensor, build_safetensors, encode_payload
-from client.protocol.frames import CONTENT_TYPE, Codec, Frame, FrameType, encode_frame
+from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
+from eagle3.core.protocol.frames import CONTENT_TYPE, Codec, Frame, FrameType, encode_frame
 
 HIDDEN = 16
 AUX = (1, 2)

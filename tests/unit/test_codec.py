@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from client.codec import (
+from eagle3.core.codec import (
     bf16_to_float32,
     build_safetensors,
     decode_payload,
@@ -17,7 +17,7 @@ from client.codec import (
     shuffle_planes,
     unshuffle_planes,
 )
-from client.protocol.frames import Codec, ProtocolError
+from eagle3.core.protocol.frames import Codec, ProtocolError
 
 
 def sample_blob() -> bytes:

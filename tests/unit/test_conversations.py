@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from client.conversations import Message, RowError, SourceError, iter_rows, parse_row
+from eagle3.core.conversations import Message, RowError, SourceError, iter_rows, parse_row
 from tests.conftest import write_jsonl
 
 

@@ -17,23 +17,23 @@ from typing import Any
 import pytest
 import yaml
 
-from draft_trainer.config import load_config, parse_overrides
 from eagle3.cli import _reject_unknown_options, build_parser
-from server.cli import settings_from_args
+from eagle3.draft_trainer.config import load_config, parse_overrides
+from eagle3.server.cli import settings_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "deploy.md"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 DOCKERFILES = sorted((ROOT / "docker").glob("*.Dockerfile"))
-TRAINER_MODULE = "draft_trainer.run"
+TRAINER_MODULE = "eagle3.train"
 IMAGE_TOKEN = re.compile(r"^(\$REGISTRY/|registry\.example\.com/eagle3/|eagle3-)(server|cpu):")
 
 
 @dataclass(frozen=True)
 class Command:
     """One eagle3 invocation: ``argv`` as ``eagle3`` sees it; ``torchrun`` holds the launcher's own
-    arguments (before ``-m draft_trainer.run``) when it is launched by torchrun."""
+    arguments (before ``-m eagle3.train``) when it is launched by torchrun."""
 
     source: str
     argv: tuple[str, ...]
@@ -41,7 +41,7 @@ class Command:
 
 
 def from_launch(source: str, words: list[str]) -> Command | None:
-    """``eagle3 ...``, ``torchrun ... -m draft_trainer.run ...`` or ``docker run ... IMAGE ...``."""
+    """``eagle3 ...``, ``torchrun ... -m eagle3.train ...`` or ``docker run ... IMAGE ...``."""
     if not words:
         return None
     if words[0] == "eagle3":

@@ -11,16 +11,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
-import tomllib
 import yaml
 
 from eagle3.cli import build_parser
-from server import runtime, serve
+from eagle3.server import runtime, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "deploy" / "k8s"

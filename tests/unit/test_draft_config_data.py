@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from draft_trainer.config import TrainConfig, load_config, parse_overrides
-from draft_trainer.data import FeaturesData
-from draft_trainer.errors import ConfigError, DataError
 from eagle3.cli import main
+from eagle3.draft_trainer.config import TrainConfig, load_config, parse_overrides
+from eagle3.draft_trainer.data import FeaturesData
+from eagle3.draft_trainer.errors import ConfigError, DataError
 from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
 
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from draft_trainer.checkpoint import save_draft
-from draft_trainer.errors import CheckpointError
-from draft_trainer.evaluate import load_export_draft
-from draft_trainer.export import check_export, export_draft, read_export
-from draft_trainer.model import DraftConfig, EagleDraft, draft_config_from_target
-from draft_trainer.vocab import build_draft_vocab
+from eagle3.draft_trainer.checkpoint import save_draft
+from eagle3.draft_trainer.errors import CheckpointError
+from eagle3.draft_trainer.evaluate import load_export_draft
+from eagle3.draft_trainer.export import check_export, export_draft, read_export
+from eagle3.draft_trainer.model import DraftConfig, EagleDraft, draft_config_from_target
+from eagle3.draft_trainer.vocab import build_draft_vocab
 
 SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
            "head_dim": 64, "vocab_size": 49152, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,

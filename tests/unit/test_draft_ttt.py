@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draft_trainer.model import DraftConfig, EagleDraft
-from draft_trainer.speculate import DraftCache, draft_step
-from draft_trainer.ttt import PackedBatch, Teacher, simulated_acceptance, ttt_forward
+from eagle3.draft_trainer.model import DraftConfig, EagleDraft
+from eagle3.draft_trainer.speculate import DraftCache, draft_step
+from eagle3.draft_trainer.ttt import PackedBatch, Teacher, simulated_acceptance, ttt_forward
 
 H, V, VD, K = 32, 50, 40, 4
 

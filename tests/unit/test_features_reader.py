@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from client.codec import bf16_to_float32
-from client.features_reader import FeaturesReader
-from client.protocol.features import SHARDS_DIR, FeaturesFormatError, iter_manifest
+from eagle3.core.codec import bf16_to_float32
+from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.protocol.features import SHARDS_DIR, FeaturesFormatError, iter_manifest
 from tests.unit.sdk_fake import AUX, FINAL, HIDDEN
 from tests.unit.test_features_writer import ROW_BYTES, sample, write
 

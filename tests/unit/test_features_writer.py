@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
-from client.features_reader import FeaturesReader
-from client.features_writer import FeaturesWriter, check_free_disk
-from client.protocol.features import MANIFEST_FILE, SHARDS_DIR, FeaturesFormatError, FeaturesMeta, iter_manifest
-from client.sample import ExtractedSample
+from eagle3.client.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.features_writer import FeaturesWriter, check_free_disk
+from eagle3.core.protocol.features import MANIFEST_FILE, SHARDS_DIR, FeaturesFormatError, FeaturesMeta, iter_manifest
+from eagle3.core.sample import ExtractedSample
 from tests.unit.sdk_fake import AUX, FINAL, HIDDEN, TOKENIZER_SHA, expected_hidden
 
 META = FeaturesMeta("fake-llama", "r1", AUX, FINAL, HIDDEN, 256, "bfloat16", TOKENIZER_SHA)

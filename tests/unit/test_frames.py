@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from client.protocol.frames import (
+from eagle3.core.protocol.frames import (
     FIXED_HEADER_BYTES,
     Codec,
     Frame,

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from client.prepare_stats import PrepareStats
+from eagle3.client.prepare_stats import PrepareStats
 
 
 def test_percentiles_histogram_and_totals():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from client.protocol import PreparedFormatError, PreparedMeta, PreparedSample, iter_prepared, read_meta
+from eagle3.core.protocol import PreparedFormatError, PreparedMeta, PreparedSample, iter_prepared, read_meta
 
 META = PreparedMeta(
     model="m",

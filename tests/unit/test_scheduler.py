@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from server.scheduler import AdmissionError, Request, Sample, Scheduler
+from eagle3.server.scheduler import AdmissionError, Request, Sample, Scheduler
 
 
 class FakeBackend:

@@ -8,8 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from client.codec import bf16_to_float32
-from client.errors import (
+from eagle3.client.errors import (
     APIConnectionError,
     AuthenticationError,
     BadRequestError,
@@ -19,8 +18,9 @@ from client.errors import (
     ServiceUnavailableError,
     StreamError,
 )
-from client.protocol import PreparedSample
-from client.sdk import ExtractionClient
+from eagle3.client.sdk import ExtractionClient
+from eagle3.core.codec import bf16_to_float32
+from eagle3.core.protocol import PreparedSample
 from tests.unit.sdk_fake import AUX, FINAL, HIDDEN, Call, FakeServer, expected_hidden, tokenize_messages
 
 

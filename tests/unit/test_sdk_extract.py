@@ -10,17 +10,17 @@ import httpx
 import numpy as np
 import pytest
 
-from client.errors import (
+from eagle3.cli import main
+from eagle3.client.errors import (
     FeaturesWriteError,
     IncompatibleError,
     InsufficientDiskError,
     NoServerAvailableError,
 )
-from client.extract import ExtractConfig, extract_dataset
-from client.features_reader import FeaturesReader
-from client.protocol import PreparedMeta, PreparedSample
-from client.protocol.features import MANIFEST_FILE, SHARDS_DIR, iter_manifest
-from eagle3.cli import main
+from eagle3.client.extract import ExtractConfig, extract_dataset
+from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.protocol import PreparedMeta, PreparedSample
+from eagle3.core.protocol.features import MANIFEST_FILE, SHARDS_DIR, iter_manifest
 from tests.unit.sdk_fake import TOKENIZER_SHA, Call, FakeServer, expected_hidden
 
 N_SAMPLES = 12
@@ -181,7 +181,7 @@ def test_free_disk_precheck_fails_early(tmp_path, monkeypatch):
 
 def test_full_disk_midway_keeps_a_valid_manifest_and_resumes(tmp_path, monkeypatch):
     rows = make_prepared(tmp_path / "prep")
-    import client.features_writer as fw
+    import eagle3.core.features_writer as fw
 
     real = fw.FeaturesWriter._write_shard
     calls = {"n": 0}

@@ -13,11 +13,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from client.protocol.frames import FrameDecoder, FrameType
-from server.app import create_app
-from server.backends import BackendInfo
-from server.config import ServerSettings
-from server.scheduler import request_buffer_tokens
+from eagle3.core.protocol.frames import FrameDecoder, FrameType
+from eagle3.server.app import create_app
+from eagle3.server.backends import BackendInfo
+from eagle3.server.config import ServerSettings
+from eagle3.server.scheduler import request_buffer_tokens
 
 HIDDEN, N_LAYERS, AUX = 8, 6, (2, 3, 3)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from draft_trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from draft_trainer.config import TrainConfig, load_config, resolve_device
-from draft_trainer.errors import ConfigError
+from eagle3.draft_trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from eagle3.draft_trainer.config import TrainConfig, load_config, resolve_device
+from eagle3.draft_trainer.errors import ConfigError
 
 
 def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:

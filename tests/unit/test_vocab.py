@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draft_trainer.vocab import (
+from eagle3.draft_trainer.vocab import (
     DraftVocab,
     VocabError,
     build_draft_vocab,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from eagle3.models import DEFAULT_MODEL
+from eagle3.core.models import DEFAULT_MODEL
 
 
 def positive_int(text: str) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from client.protocol.frames import Codec, ProtocolError
+from eagle3.core.protocol.frames import Codec, ProtocolError
 
 DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1, "U16": 2, "I16": 2}
 NUMPY_DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "I64": np.int64, "I32": np.int32,

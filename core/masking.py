@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from client.conversations import Message, RowError
+from eagle3.core.conversations import Message, RowError
 
 
 class TemplateError(ValueError):

@@ -5,7 +5,7 @@ this package imports torch, fastapi, httpx or any other part of eagle3, so every
 notebook with only the light SDK installed) can depend on it.
 """
 
-from client.protocol.prepared import (
+from eagle3.core.protocol.prepared import (
     META_FILE,
     SAMPLES_FILE,
     SCHEMA_VERSION,

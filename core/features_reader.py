@@ -1,9 +1,9 @@
-"""Read a features directory (``client/protocol/features.py``) without torch and without reading it all.
+"""Read a features directory (``core/protocol/features.py``) without torch and without reading it all.
 
     reader = FeaturesReader("features/")
     len(reader); reader[0]; reader["sample-17"]; for s in reader: ...
 
-Each shard is memory-mapped and its safetensors header parsed with ``client.codec.parse_safetensors``;
+Each shard is memory-mapped and its safetensors header parsed with ``eagle3.core.codec.parse_safetensors``;
 a sample is a set of zero-copy views into the map (``ExtractedSample``, the type ``extract`` yields),
 widened to float32 only when a float property is read. Opening checks that every manifest shard
 exists with its recorded size; ``verify=True`` also hashes every file against the manifest.
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from client.codec import RawTensor, parse_safetensors
-from client.features_writer import sha256_file
-from client.protocol.features import (
+from eagle3.core.codec import RawTensor, parse_safetensors
+from eagle3.core.features_writer import sha256_file
+from eagle3.core.protocol.features import (
     MANIFEST_FILE,
     SHARDS_DIR,
     FeaturesFormatError,
@@ -31,8 +31,8 @@ from client.protocol.features import (
     iter_manifest,
     read_features_meta,
 )
-from client.protocol.frames import ProtocolError
-from client.sample import ExtractedSample
+from eagle3.core.protocol.frames import ProtocolError
+from eagle3.core.sample import ExtractedSample
 
 MAX_OPEN_SHARDS = 32
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from client.codec import bf16_to_float32
+from eagle3.core.codec import bf16_to_float32
 
 NDArray = np.ndarray[Any, Any]
 

@@ -1,8 +1,8 @@
-"""Append samples to a features directory (``client/protocol/features.py``), crash-safe and resumable.
+"""Append samples to a features directory (``core/protocol/features.py``), crash-safe and resumable.
 
 Samples accumulate in one shard buffer (about ``shard_mb``; a single larger sample gets a shard of
 its own); a full buffer becomes ``shards/.<name>.<uuid>.tmp`` (safetensors via
-``client.codec.build_safetensors``), is fsynced, renamed to its final name, the directory fsynced,
+``eagle3.core.codec.build_safetensors``), is fsynced, renamed to its final name, the directory fsynced,
 and only then one manifest line (with the file's sha256) is appended and fsynced. So at any instant
 the manifest lists complete shards only; what a crash leaves behind is an orphan file or a torn last
 manifest line, and ``open`` cleans both up. A full disk raises ``FeaturesWriteError`` with the
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from client.codec import RawTensor, build_safetensors
-from client.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
-from client.protocol.features import (
+from eagle3.core.codec import RawTensor, build_safetensors
+from eagle3.core.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from eagle3.core.protocol.features import (
     FEATURES_META_FILE,
     MANIFEST_FILE,
     SHARDS_DIR,
@@ -35,7 +35,7 @@ from client.protocol.features import (
     iter_manifest,
     read_features_meta,
 )
-from client.sample import ExtractedSample
+from eagle3.core.sample import ExtractedSample
 
 logger = logging.getLogger(__name__)
 

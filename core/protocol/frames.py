@@ -18,7 +18,7 @@ Every frame is a 32-byte little-endian fixed header, ``meta_len`` bytes of UTF-8
 
 Invariants enforced by ``FrameDecoder`` *before* it allocates or parses anything: magic and version,
 known type and codec, ``seq`` strictly +1, both lengths within bounds; then the checksum. The payload
-codec (zstd, byte-plane shuffle) lives in ``client.codec``: this module only moves bytes.
+codec (zstd, byte-plane shuffle) lives in ``eagle3.core.codec``: this module only moves bytes.
 """
 
 from __future__ import annotations
