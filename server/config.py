@@ -1,47 +1,86 @@
-"""``ServerSettings``: every ``eagle3 serve`` flag in one dataclass (the CLI only fills it in)."""
+"""``ServerSettings``: every ``eagle3 serve`` setting, typed, in one place; flags, ``EAGLE3_*``
+variables and the ``--config`` file are generated from it (``eagle3.core.knobs``)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from eagle3.core.knobs import Knob, KnobError, knob
 from eagle3.core.models import DEFAULT_MODEL
+from eagle3.core.protocol.frames import CODEC_NAMES
+from eagle3.server.backends.base import VllmOptions
 
 
-class SettingsError(ValueError):
+class SettingsError(KnobError):
     """A serve flag or the API keys file is invalid (a one-line CLI error)."""
+
+
+CODEC_CHOICES = tuple(CODEC_NAMES)
+
+
+def _layer_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError("expected comma-separated integers like 2,15,27") from None
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    model: str = DEFAULT_MODEL
-    backend: str = "auto"  # auto | hf | vllm
-    host: str = "127.0.0.1"
-    port: int = 8000
-    aux_layer_ids: tuple[int, ...] | None = None  # None: (2, N // 2, N - 3)
-    dtype: str = "bfloat16"
-    device: str = "auto"
-    tensor_parallel_size: int = 1  # vllm only; the CLI default is default_tensor_parallel_size()
-    kv_cache_gib: float | None = None  # vllm only: KV cache size (CPU default 2 GiB; CUDA: gpu_memory_utilization)
-    gpu_memory_utilization: float | None = None  # vllm on CUDA only (vLLM's default 0.9)
-    vllm_compile: bool = False  # vllm only: torch.compile + CUDA graphs instead of eager mode
-    max_batch_tokens: int = 8192  # tokens per forward pass
-    max_model_len: int | None = None  # None: the model's own
-    max_inflight_tokens: int = 1 << 21  # admitted and not yet streamed out, all tenants
-    max_tenant_inflight_tokens: int = 1 << 19  # the same, per tenant (over it: 429)
-    max_request_tokens: int = 1 << 18  # one request (over it: 400)
-    max_body_bytes: int = 64 << 20
-    max_payload_bytes: int = 64 << 20  # raw bytes per DATA frame; longer samples are split by tokens
-    api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant name
-    drain_timeout_s: float = 30.0
-    heartbeat_s: float = 10.0
-    log_level: str = "info"
-    default_codec: str = "zstd+planes"
-    stream_chunk_bytes: int = 2 << 20  # bytes per HTTP body write (research: 1-4 MB is fastest)
-    request_buffer_bytes: int = 256 << 20  # states one request may hold unstreamed (server/scheduler.py)
+    """Every ``eagle3 serve`` setting: flag ``--name-with-dashes``, variable ``EAGLE3_NAME``, or a key
+    of the ``--config`` file (``eagle3.core.knobs`` derives all three from these fields)."""
+
+    # the verifier
+    model: str = knob(DEFAULT_MODEL, "local HF checkpoint dir or the embedded default's name")
+    backend: str = knob("auto", "auto: vllm if importable, else hf", choices=("auto", "hf", "vllm"))
+    aux_layer_ids: tuple[int, ...] | None = knob(None, "comma-separated; default 2,N//2,N-3", parse=_layer_ids)
+    dtype: str = knob("bfloat16", "dtype of the forward pass", choices=("bfloat16", "float32"))
+    device: str = knob("auto", "where the verifier runs", choices=("auto", "cpu", "cuda"))
+    trust_remote_code: bool = knob(False, "run the checkpoint's own modelling code (transformers and vLLM)")
+    max_model_len: int | None = knob(None, "longest sample in tokens; default: the model's context")
+    # vllm backend
+    tensor_parallel_size: int | None = knob(None, "vllm: GPUs per engine; default all CUDA GPUs up to 8, 1 on CPU")
+    kv_cache_gib: float | None = knob(None, "vllm: KV cache size in GiB (CPU default 2)")
+    gpu_memory_utilization: float | None = knob(None, "vllm on CUDA: share of GPU memory (vLLM's default 0.9)")
+    vllm_compile: bool = knob(False, "vllm: torch.compile + CUDA graphs instead of eager mode")
+    engine_arg: tuple[str, ...] = knob((), "vllm: any vllm EngineArgs field, KEY=VALUE (JSON value), repeatable",
+                                       repeat=True, metavar="KEY=VALUE")  # fmt: skip
+    engine_args_json: str | None = knob(None, "vllm: a JSON object of EngineArgs fields (--engine-arg wins)")
+    # scheduling and limits
+    max_batch_tokens: int = knob(8192, "tokens per forward pass")
+    max_inflight_tokens: int = knob(1 << 21, "tokens admitted and not yet streamed out, all tenants (over: 503)")
+    max_tenant_inflight_tokens: int = knob(1 << 19, "the same per tenant (over: 429)")
+    max_request_tokens: int = knob(1 << 18, "tokens in one request (over: 400)")
+    max_body_bytes: int = knob(64 << 20, "largest request body in MiB (over: 413)", flag="--max-body-mb", scale=2**20)
+    max_payload_bytes: int = knob(64 << 20, "raw MiB per DATA frame; longer samples are split by token range",
+                                  flag="--max-payload-mb", scale=2**20)  # fmt: skip
+    request_buffer_bytes: int = knob(256 << 20, "MiB of states one request may hold computed but unsent "
+                                     "(a slow reader pauses only itself)",
+                                     flag="--request-buffer-mb", scale=2**20)  # fmt: skip
+    default_codec: str = knob("zstd+planes", "payload codec when a request names none", choices=CODEC_CHOICES)
+    stream_chunk_bytes: int = knob(2 << 20, "MiB per HTTP body write", flag="--stream-chunk-mb", scale=2**20)
+    # network, keys, lifecycle
+    host: str = knob("127.0.0.1", "address to bind")
+    port: int = knob(8000, "0 picks a free port (printed on stderr)")
+    api_key: tuple[str, ...] = field(default=(), repr=False, metadata={"knob": Knob(
+        "an API key (tenants key-1, key-2, ...), repeatable; prefer EAGLE3_API_KEY or a keys file: flags show in ps",
+        repeat=True, secret=True, metavar="KEY")})  # fmt: skip
+    api_keys_file: str | None = knob(None, "lines 'tenant: key' or a JSON object {tenant: key}")
+    drain_timeout_s: float = knob(30.0, "seconds open streams get to finish after SIGTERM")
+    heartbeat_s: float = knob(10.0, "seconds between HEARTBEAT frames of an idle stream")
+    log_level: str = knob("info", "server log level", choices=("debug", "info", "warning", "error"))
+    # derived: key -> tenant, from api_key and api_keys_file (or given directly)
+    api_keys: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if self.api_key or self.api_keys_file:
+            object.__setattr__(self, "api_keys", {**self.api_keys, **parse_api_keys(self.api_key, self.api_keys_file)})
+        if self.tensor_parallel_size is None:
+            object.__setattr__(self, "tensor_parallel_size", 1)
+        self.vllm_options  # noqa: B018 (validates --engine-arg / --engine-args-json now, not at load)
         positive = (
             "max_batch_tokens",
             "max_inflight_tokens",
@@ -68,16 +107,31 @@ class ServerSettings:
             raise SettingsError(f"--dtype must be bfloat16 or float32, got {self.dtype!r}")
 
     @property
-    def backend_extra(self) -> dict[str, str]:
-        """Backend-specific knobs as ``BackendConfig.extra`` (only the ones set; server/backends/vllm.py)."""
-        extra: dict[str, str] = {}
-        if self.kv_cache_gib is not None:
-            extra["kv_cache_gib"] = str(self.kv_cache_gib)
-        if self.gpu_memory_utilization is not None:
-            extra["gpu_memory_utilization"] = str(self.gpu_memory_utilization)
-        if self.vllm_compile:
-            extra["compile"] = "1"
-        return extra
+    def vllm_options(self) -> VllmOptions:
+        """The vllm backend's typed options (pass-through engine arguments checked against vLLM at load)."""
+        engine_args: dict[str, Any] = {}
+        if self.engine_args_json:
+            try:
+                parsed = json.loads(self.engine_args_json)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"--engine-args-json: not valid JSON ({exc.msg})") from None
+            if not isinstance(parsed, dict):
+                raise SettingsError("--engine-args-json: expected a JSON object {field: value}")
+            engine_args.update(parsed)
+        for item in self.engine_arg:
+            key, sep, text = item.partition("=")
+            if not sep or not key.strip():
+                raise SettingsError(f"--engine-arg {item!r}: expected KEY=VALUE, e.g. enable_expert_parallel=true")
+            try:
+                engine_args[key.strip().replace("-", "_")] = json.loads(text)
+            except json.JSONDecodeError:
+                engine_args[key.strip().replace("-", "_")] = text  # a bare string such as a quantization name
+        return VllmOptions(
+            kv_cache_gib=self.kv_cache_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            compile=self.vllm_compile,
+            engine_args=engine_args,
+        )
 
     @property
     def request_token_cap(self) -> int:
@@ -93,7 +147,7 @@ def default_tensor_parallel_size() -> int:
     return max(1, min(8, torch.cuda.device_count())) if torch.cuda.is_available() else 1
 
 
-def parse_api_keys(keys: list[str], keys_file: str | None) -> dict[str, str]:
+def parse_api_keys(keys: tuple[str, ...] | list[str], keys_file: str | None) -> dict[str, str]:
     """``--api-key`` values (tenants ``key-1``, ``key-2``, ...) plus ``--api-keys-file`` entries
     (lines ``tenant: key`` or a JSON object ``{tenant: key}``) -> ``{key: tenant}``."""
     out: dict[str, str] = {}

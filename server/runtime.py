@@ -105,8 +105,9 @@ class Runtime:
                     device=s.device,
                     max_batch_tokens=s.max_batch_tokens,
                     max_model_len=s.max_model_len,
-                    tensor_parallel_size=s.tensor_parallel_size,
-                    extra=s.backend_extra,
+                    tensor_parallel_size=s.tensor_parallel_size or 1,
+                    trust_remote_code=s.trust_remote_code,
+                    vllm=s.vllm_options,
                 )
                 self.backend = make_backend(s.backend, config)
             info = self.backend.load(self._progress)

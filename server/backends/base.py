@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +34,18 @@ class BackendError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class VllmOptions:
+    """The vllm backend's own settings (docs/vllm.md). ``engine_args`` passes any further field of
+    vLLM's ``EngineArgs`` through; unknown names and the ones this backend owns are refused at load."""
+
+    kv_cache_gib: float | None = None  # KV cache size (CPU default 2 GiB; CUDA: gpu_memory_utilization)
+    gpu_memory_utilization: float | None = None  # CUDA only (vLLM's default 0.9)
+    compile: bool = False  # torch.compile + CUDA graphs instead of eager mode
+    hidden_states_dir: str | None = None  # parent of the handover directory (default /dev/shm)
+    engine_args: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     model: str  # a local HF directory or the embedded default's name (eagle3.core.models.resolve_model_dir)
     aux_layer_ids: tuple[int, ...] | None = None  # None: (2, N // 2, N - 3)
@@ -42,7 +54,8 @@ class BackendConfig:
     max_batch_tokens: int = 8192  # the most tokens one extract() call receives
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     tensor_parallel_size: int = 1  # vllm only
-    extra: dict[str, str] = field(default_factory=dict)  # backend-specific knobs (documented per backend)
+    trust_remote_code: bool = False  # run the checkpoint's own modelling code
+    vllm: VllmOptions = field(default_factory=VllmOptions)
 
 
 @dataclass(frozen=True)

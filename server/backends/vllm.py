@@ -9,14 +9,17 @@ directory (its docstring says why not memory). Each ``extract`` call is one ``LL
 batch is one forward step (a sample longer than the budget is prefilled in chunks).
 
 Engine settings: prefix caching off (a cached prefix would skip the forward pass that records the
-states), eager mode unless ``compile=1``, the tokenizer skipped (requests are token ids). Knobs in
-``BackendConfig.extra`` (all optional; docs/vllm.md):
+states), eager mode unless ``compile``, the tokenizer skipped (requests are token ids). Options in
+``BackendConfig.vllm`` (``VllmOptions``, all optional; docs/vllm.md):
 
 * ``kv_cache_gib``: KV cache size (CPU default 2 GiB; vLLM's ``VLLM_CPU_KVCACHE_SPACE`` overrides it
   there). CUDA default: sized by ``gpu_memory_utilization``.
 * ``gpu_memory_utilization``: CUDA, default 0.9.
-* ``compile``: ``1`` to let vLLM compile (CUDA graphs / inductor) instead of eager.
+* ``compile``: let vLLM compile (CUDA graphs / inductor) instead of eager.
 * ``hidden_states_dir``: where the handover directory is created (default ``/dev/shm``).
+* ``engine_args``: any other ``EngineArgs`` field (expert parallel, quantization, ...), checked
+  against this vLLM's ``EngineArgs`` before the engine starts; the fields above that this backend
+  owns (``OWNED_ENGINE_ARGS``) are refused.
 
 Every returned sample is checked before it leaves: its token ids equal the request's, the shape is
 ``[n_tokens, len(aux) + 1, hidden]``, the dtype is ``info.dtype``, every value is finite; otherwise
@@ -25,6 +28,7 @@ Every returned sample is checked before it leaves: its token ids equal the reque
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import shutil
@@ -54,23 +58,26 @@ CPU_KV_CACHE_GIB = 2.0
 MAX_NUM_SEQS = 256
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the ``server`` package
 SHM_DIR = "/dev/shm"  # noqa: S108 (only a parent: the handover dir is a private mkdtemp, mode 0700)
-KNOBS = ("kv_cache_gib", "gpu_memory_utilization", "compile", "hidden_states_dir")
+
+
+# EngineArgs this backend sets itself: overriding them would break extraction (or its handover)
+OWNED_ENGINE_ARGS = ("model", "skip_tokenizer_init", "speculative_config", "kv_transfer_config",
+                     "enable_prefix_caching", "max_num_batched_tokens")  # fmt: skip
 
 
 def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], max_model_len: int, device: str,
-                  store_dir: str) -> dict[str, Any]:  # fmt: skip
-    """``vllm.LLM`` keyword arguments for this config (pure: no engine is started)."""
-    extra = config.extra
-    unknown = sorted(set(extra) - set(KNOBS))
-    if unknown:
-        raise BackendError(f"unknown vllm backend option(s) {unknown}; known: {list(KNOBS)}")
+                  store_dir: str, known_fields: set[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``vllm.LLM`` keyword arguments for this config (pure: no engine is started). ``known_fields``:
+    the names vLLM's ``EngineArgs`` accepts (pass-through arguments are checked against them)."""
+    opts = config.vllm
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "skip_tokenizer_init": True,
         "dtype": config.dtype,
         "max_model_len": max_model_len,
         "tensor_parallel_size": config.tensor_parallel_size,
-        "enforce_eager": extra.get("compile", "0") != "1",
+        "trust_remote_code": config.trust_remote_code,
+        "enforce_eager": not opts.compile,
         "enable_prefix_caching": False,
         "enable_chunked_prefill": True,
         "max_num_batched_tokens": config.max_batch_tokens,
@@ -88,19 +95,38 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
             "kv_connector_extra_config": {"shared_storage_path": store_dir},
         },
     }
-    kv_cache_gib = float(extra["kv_cache_gib"]) if "kv_cache_gib" in extra else None
+    kv_cache_gib = opts.kv_cache_gib
     if device == "cpu" and kv_cache_gib is None:
         kv_cache_gib = CPU_KV_CACHE_GIB
     if kv_cache_gib is not None:
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-    if "gpu_memory_utilization" in extra:
-        kwargs["gpu_memory_utilization"] = float(extra["gpu_memory_utilization"])
+    if opts.gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
+    owned = sorted(set(opts.engine_args) & set(OWNED_ENGINE_ARGS))
+    if owned:
+        raise BackendError(f"--engine-arg {owned}: set by the vllm backend itself and cannot be overridden")
+    if known_fields is not None:
+        unknown = sorted(set(opts.engine_args) - known_fields)
+        if unknown:
+            close = {k: difflib.get_close_matches(k, sorted(known_fields), n=1) for k in unknown}
+            hints = ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
+            raise BackendError(f"--engine-arg: unknown vLLM EngineArgs field(s) {hints}")
+    kwargs.update(opts.engine_args)
     return kwargs
+
+
+def engine_arg_fields() -> set[str]:
+    """The field names of this vLLM's ``EngineArgs`` (imports vllm)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
 def handover_root(config: BackendConfig) -> str:
     """tmpfs when there is one (the handover never touches a disk), else the temp dir."""
-    wanted = config.extra.get("hidden_states_dir")
+    wanted = config.vllm.hidden_states_dir
     if wanted:
         return wanted
     return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
@@ -175,7 +201,8 @@ class VllmBackend:
         self._load_hidden_states, self._cleanup_hidden_states = stock.load_hidden_states, stock.cleanup_hidden_states
         self._sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         self.store_dir = tempfile.mkdtemp(prefix="eagle3-vllm-hs-", dir=handover_root(self.config))
-        kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], max_model_len, device, self.store_dir)
+        kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], max_model_len, device, self.store_dir,
+                               engine_arg_fields())  # fmt: skip
         export_package_root()
         if device == "cpu":
             bind_cpu_workers(self.config.tensor_parallel_size)

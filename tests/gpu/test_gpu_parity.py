@@ -58,11 +58,12 @@ def test_vllm_cuda_matches_transformers(which: str, dtype: str, tiny_llama_gpu_d
     from transformers import AutoModelForCausalLM
 
     from eagle3.server.backends import BackendConfig
+    from eagle3.server.backends.base import VllmOptions
 
     path = model_dir(which, tiny_llama_gpu_dir)
     tp = tp_size_for(*heads(path))
     config = BackendConfig(model=str(path), dtype=dtype, device="cuda", max_batch_tokens=MAX_BATCH_TOKENS,
-                           tensor_parallel_size=tp, extra={"gpu_memory_utilization": "0.5"})  # fmt: skip
+                           tensor_parallel_size=tp, vllm=VllmOptions(gpu_memory_utilization=0.5))  # fmt: skip
     info, seqs, alone, packed = extract_alone_and_packed(config, LENGTHS, seed=1)
     torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)

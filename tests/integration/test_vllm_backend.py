@@ -24,10 +24,11 @@ import torch
 
 from eagle3.core.identity import tokenizer_sha256
 from eagle3.server.backends import BackendConfig, BackendError, make_backend
+from eagle3.server.backends.base import VllmOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 MAX_BATCH_TOKENS = 64
-KV_CACHE_GIB = "1"
+KV_CACHE_GIB = 1.0
 
 
 def require_vllm() -> None:
@@ -112,7 +113,7 @@ def backend(smollm2_dir: Path) -> Iterator[Any]:
         model=str(smollm2_dir),
         dtype="float32",
         max_batch_tokens=MAX_BATCH_TOKENS,
-        extra={"kv_cache_gib": KV_CACHE_GIB},
+        vllm=VllmOptions(kv_cache_gib=KV_CACHE_GIB),
     )
     backend: Any = make_backend("vllm", config)
     phases: list[tuple[str, float]] = []
@@ -177,7 +178,7 @@ def test_every_sample_is_validated(backend: Any) -> None:
 
 def test_engine_settings_and_bad_options(smollm2_dir: Path) -> None:
     require_vllm()
-    from eagle3.server.backends.vllm import VllmBackend, engine_kwargs
+    from eagle3.server.backends.vllm import VllmBackend, engine_arg_fields, engine_kwargs
 
     config = BackendConfig(model=str(smollm2_dir), max_batch_tokens=4096, tensor_parallel_size=2)
     kwargs = engine_kwargs(config, smollm2_dir, [2, 15, 27, 30], 8192, "cpu", "/tmp/x")
@@ -189,7 +190,15 @@ def test_engine_settings_and_bad_options(smollm2_dir: Path) -> None:
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27, 30]
     assert kwargs["kv_transfer_config"]["kv_connector_extra_config"]["shared_storage_path"] == "/tmp/x"
     with pytest.raises(BackendError, match="kv_cache_gb"):
-        engine_kwargs(BackendConfig(model="m", extra={"kv_cache_gb": "1"}), smollm2_dir, [1], 8, "cpu", "/tmp/x")
+        engine_kwargs(
+            BackendConfig(model="m", vllm=VllmOptions(engine_args={"kv_cache_gb": 1})),
+            smollm2_dir,
+            [1],
+            8,
+            "cpu",
+            "/tmp/x",
+            engine_arg_fields(),
+        )
     with pytest.raises(BackendError, match="--device cuda"):
         VllmBackend(BackendConfig(model=str(smollm2_dir), device="cuda")).load(lambda _p, _f: None)
 
@@ -202,7 +211,7 @@ def test_vllm_matches_transformers_bf16_alone_and_packed(tmp_path: Path) -> None
 
     model_dir = vllm_tiny_llama_dir(tmp_path / "tiny")
     config = BackendConfig(model=str(model_dir), dtype="bfloat16", max_batch_tokens=MAX_BATCH_TOKENS,
-                           extra={"kv_cache_gib": "0.25"})  # fmt: skip
+                           vllm=VllmOptions(kv_cache_gib=0.25))  # fmt: skip
     info, seqs, alone, packed = extract_alone_and_packed(config, (13, 5, 150, 1, 40), seed=4)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     for seq, single, batched in zip(seqs, alone, packed, strict=True):

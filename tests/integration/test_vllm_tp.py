@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from eagle3.server.backends import BackendConfig
+from eagle3.server.backends.base import VllmOptions
 from tests.integration.test_vllm_backend import extract_alone_and_packed, reference_states, rel_l2, require_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -37,7 +38,7 @@ def test_tensor_parallel_2_matches_transformers(tmp_path: Path) -> None:
 
     model_dir = tp_llama_dir(tmp_path / "llama")
     config = BackendConfig(model=str(model_dir), dtype="float32", max_batch_tokens=64, tensor_parallel_size=2,
-                           extra={"kv_cache_gib": "0.25"})  # fmt: skip
+                           vllm=VllmOptions(kv_cache_gib=0.25))  # fmt: skip
 
     def runs_tp2(backend: Any) -> None:
         assert backend.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2

@@ -154,7 +154,7 @@ def test_command_parses_with_the_real_cli(command):
         assert "--backend" in command.argv, "serve commands name their backend (auto differs per host)"
         args.api_key, args.api_keys_file = [], None  # the keys file exists only inside the container
         settings = settings_from_args(args)
-        assert settings.tensor_parallel_size >= 1
+        assert settings.tensor_parallel_size is not None and settings.tensor_parallel_size >= 1
     if args.command == "train":
         cfg = load_config(args.config, parse_overrides(args.set))
         assert cfg.torch_threads >= 1
