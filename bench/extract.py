@@ -46,11 +46,12 @@ from eagle3.client.extract import ExtractConfig, extract_dataset  # noqa: E402
 from eagle3.client.prepare import PrepareConfig, prepare_dataset  # noqa: E402
 from eagle3.core.codec import encode_payload  # noqa: E402
 from eagle3.core.conversations import BUILTIN_CHATTERBOT  # noqa: E402
+from eagle3.core.layers import default_aux_layer_ids  # noqa: E402
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
 from eagle3.core.protocol import META_FILE, SAMPLES_FILE, iter_prepared  # noqa: E402
 from eagle3.core.protocol.frames import CODEC_NAMES  # noqa: E402
 from eagle3.local_server import LocalServer  # noqa: E402
-from eagle3.server.backends.base import BackendConfig, default_aux_layer_ids  # noqa: E402
+from eagle3.server.backends.base import BackendConfig  # noqa: E402
 from eagle3.server.backends.hf import HfBackend  # noqa: E402
 
 

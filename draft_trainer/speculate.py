@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from eagle3.core.layers import tap_module
 from eagle3.draft_trainer.model import EagleDraft, attend, rope_cos_sin
 
 
@@ -29,12 +30,10 @@ class VerifierTaps:
     """Forward hooks on a ``LlamaForCausalLM`` that keep the aux states (vLLM ids) of the last call."""
 
     def __init__(self, model: Any, aux_layer_ids: tuple[int, ...]) -> None:
-        base = model.model
         self._states: dict[int, torch.Tensor] = {}
         self._hooks = []
         for slot, k in enumerate(aux_layer_ids):
-            module = base.embed_tokens if k == 0 else base.layers[k - 1]
-            self._hooks.append(module.register_forward_hook(self._hook(slot)))
+            self._hooks.append(tap_module(model.model, k).register_forward_hook(self._hook(slot)))
         self.n_aux = len(aux_layer_ids)
 
     def _hook(self, slot: int) -> Any:

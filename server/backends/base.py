@@ -82,20 +82,6 @@ class BackendInfo:
         return len(self.aux_layer_ids) + 1
 
 
-def default_aux_layer_ids(num_hidden_layers: int) -> tuple[int, ...]:
-    n = num_hidden_layers
-    return (2, n // 2, n - 3)
-
-
-def check_aux_layer_ids(ids: Sequence[int], num_hidden_layers: int) -> tuple[int, ...]:
-    out = tuple(int(i) for i in ids)
-    if not out or any(not 0 <= i < num_hidden_layers for i in out):
-        raise ValueError(f"aux layer ids {list(out)} must be non-empty and in [0, {num_hidden_layers})")
-    if len(set(out)) != len(out):
-        raise ValueError(f"aux layer ids {list(out)} repeat")
-    return out
-
-
 class Backend(Protocol):
     name: str
 

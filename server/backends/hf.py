@@ -21,41 +21,21 @@ Batching depends on the dtype's contract (DESIGN.md §3.1: fp32 bitwise, bf16 wi
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from eagle3.core.identity import tokenizer_sha256
-from eagle3.core.models import resolve_model_dir
-from eagle3.server.backends.base import (
-    BackendConfig,
-    BackendError,
-    BackendInfo,
-    ProgressCallback,
-    check_aux_layer_ids,
-    default_aux_layer_ids,
-)
+from eagle3.core.layers import tap_module
+from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
+from eagle3.server.backends.identity import backend_info, open_checkpoint
 
 logger = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
 MAX_PADDING_WASTE = 0.125  # bf16 groups: at most this share of a forward call's tokens is padding
-
-
-def checkpoint_revision(model_dir: Path) -> str:
-    """sha256 over config.json and the weight files' names and sizes (cheap: no weight bytes read)."""
-    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
-            digest.update(f"\0{path.name}\0{path.stat().st_size}".encode())
-    return digest.hexdigest()
 
 
 class HfBackend:
@@ -69,42 +49,26 @@ class HfBackend:
         self._hooks: list[Any] = []
 
     def load(self, progress: ProgressCallback) -> BackendInfo:
-        from transformers import AutoConfig, AutoModel
+        from transformers import AutoModel
 
         started = time.monotonic()
-        progress("resolving model", 0.0)
-        model_dir = resolve_model_dir(self.config.model)
         device = self.config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise BackendError("--device cuda but torch sees no CUDA device")
-        hf_config = AutoConfig.from_pretrained(model_dir)
-        n_layers = int(hf_config.num_hidden_layers)
-        aux = check_aux_layer_ids(self.config.aux_layer_ids or default_aux_layer_ids(n_layers), n_layers)
+        ckpt = open_checkpoint(self.config, progress)
+        model_dir = ckpt.model_dir
         progress("loading weights", 0.1)
-        model = AutoModel.from_pretrained(model_dir, dtype=DTYPES[self.config.dtype])  # base model: no lm_head
+        model = AutoModel.from_pretrained(  # base model: no lm_head
+            model_dir, dtype=DTYPES[self.config.dtype], trust_remote_code=self.config.trust_remote_code
+        )
         self.model = model.to(device).eval().requires_grad_(False)
         self.device = torch.device(device)
-        self._install_hooks(aux, n_layers)
-        max_len = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
-        max_model_len = self.config.max_model_len or max_len
-        if max_len and max_model_len > max_len:
-            raise BackendError(f"--max-model-len {max_model_len} exceeds the model's {max_len}")
-        self.info = BackendInfo(
-            model_id=os.path.basename(os.path.normpath(model_dir)),
-            revision=checkpoint_revision(model_dir),
-            model_dir=str(model_dir),
-            num_hidden_layers=n_layers,
-            hidden_size=int(hf_config.hidden_size),
-            vocab_size=int(self.model.get_input_embeddings().weight.shape[0]),
-            max_model_len=max_model_len,
-            dtype=self.config.dtype,
-            aux_layer_ids=aux,
-            tokenizer_sha256=tokenizer_sha256(model_dir),
-            backend=self.name,
-            device=device,
-        )
+        self._install_hooks(ckpt.aux_layer_ids, ckpt.num_hidden_layers)
+        vocab_rows = int(self.model.get_input_embeddings().weight.shape[0])
+        self.info = backend_info(ckpt, self.config, self.name, device, vocab_size=vocab_rows)
+        max_model_len = ckpt.max_model_len
         progress("warming up", 0.9)
         self.extract([[0] * min(8, max_model_len)])
         progress("ready", 1.0)
@@ -119,10 +83,8 @@ class HfBackend:
 
     def _install_hooks(self, aux: tuple[int, ...], n_layers: int) -> None:
         """Slot j of the output comes from ``self._taps[j]``; the last slot is layer N-1's output."""
-        layers = self.model.layers
-        sources = [self.model.get_input_embeddings() if k == 0 else layers[k - 1] for k in aux]
-        sources.append(layers[n_layers - 1])
-        for slot, module in enumerate(sources):
+        for slot, layer_id in enumerate((*aux, n_layers)):
+            module = tap_module(self.model, layer_id)
             self._hooks.append(module.register_forward_hook(self._make_hook(slot)))
 
     def _make_hook(self, slot: int) -> Any:

@@ -29,6 +29,7 @@ Every returned sample is checked before it leaves: its token ids equal the reque
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
 import os
 import shutil
@@ -40,23 +41,16 @@ from typing import Any
 
 import torch
 
-from eagle3.core.identity import tokenizer_sha256
-from eagle3.core.models import resolve_model_dir
-from eagle3.server.backends.base import (
-    BackendConfig,
-    BackendError,
-    BackendInfo,
-    ProgressCallback,
-    check_aux_layer_ids,
-    default_aux_layer_ids,
-)
-from eagle3.server.backends.hf import DTYPES, checkpoint_revision
+from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
+from eagle3.server.backends.hf import DTYPES
+from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
 
 logger = logging.getLogger(__name__)
 CPU_KV_CACHE_GIB = 2.0
 MAX_NUM_SEQS = 256
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the ``server`` package
+# the directory holding the ``eagle3`` package (site-packages, or the checkout)
+PACKAGE_ROOT = Path(importlib.util.find_spec("eagle3").origin or ".").parent.parent  # type: ignore[union-attr]
 SHM_DIR = "/dev/shm"  # noqa: S108 (only a parent: the handover dir is a private mkdtemp, mode 0700)
 
 
@@ -134,7 +128,7 @@ def handover_root(config: BackendConfig) -> str:
 
 def export_package_root() -> None:
     """vLLM's spawned engine and worker processes import the connector by module path: make sure
-    they find this checkout's ``server`` package (a no-op for an installed package)."""
+    they find this checkout's ``eagle3`` package (a no-op for an installed package)."""
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(PACKAGE_ROOT) not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *parts])
@@ -175,18 +169,10 @@ class VllmBackend:
         self._cleanup_hidden_states: Any = None
 
     def load(self, progress: ProgressCallback) -> BackendInfo:
-        from transformers import AutoConfig
-
         started = time.monotonic()
-        progress("resolving model", 0.0)
-        model_dir = resolve_model_dir(self.config.model)
-        hf_config = AutoConfig.from_pretrained(model_dir)
-        n_layers = int(hf_config.num_hidden_layers)
-        aux = check_aux_layer_ids(self.config.aux_layer_ids or default_aux_layer_ids(n_layers), n_layers)
-        max_len = int(getattr(hf_config, "max_position_embeddings", 0) or 0)
-        max_model_len = self.config.max_model_len or max_len
-        if max_len and max_model_len > max_len:
-            raise BackendError(f"--max-model-len {max_model_len} exceeds the model's {max_len}")
+        ckpt = open_checkpoint(self.config, progress)
+        model_dir, aux, n_layers, max_model_len = ckpt.model_dir, ckpt.aux_layer_ids, ckpt.num_hidden_layers, \
+            ckpt.max_model_len  # fmt: skip
 
         progress("importing vllm", 0.02)
         import vllm
@@ -210,20 +196,7 @@ class VllmBackend:
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup_warning)
         try:
             self.llm = vllm.LLM(**kwargs)
-            self.info = BackendInfo(
-                model_id=os.path.basename(os.path.normpath(model_dir)),
-                revision=checkpoint_revision(model_dir),
-                model_dir=str(model_dir),
-                num_hidden_layers=n_layers,
-                hidden_size=int(hf_config.hidden_size),
-                vocab_size=int(hf_config.vocab_size),
-                max_model_len=max_model_len,
-                dtype=self.config.dtype,
-                aux_layer_ids=aux,
-                tokenizer_sha256=tokenizer_sha256(model_dir),
-                backend=self.name,
-                device=device,
-            )
+            self.info = backend_info(ckpt, self.config, self.name, device)
             progress("warming up", 0.95)
             self.extract([[0] * min(8, max_model_len)])
         except Exception as exc:
