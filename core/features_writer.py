@@ -251,12 +251,6 @@ class FeaturesWriter:
     def close(self) -> None:
         self.flush()
 
-    def discard_buffer(self) -> None:
-        """Forget the samples not written yet (they stay missing and a rerun extracts them)."""
-        for sample_id in self._sample_ids:
-            self.done_ids.discard(sample_id)
-        self._reset_buffer()
-
 
 def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
     sha = hashlib.sha256()

@@ -1,4 +1,4 @@
-"""``eagle3 vocab`` arguments and runner."""
+"""``eagle3 vocab``, ``eagle3 train``, ``eagle3 export`` and ``eagle3 eval``: arguments and runners."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ chat template), greedy, ``max_new_tokens`` each:
 
 * the **baseline**: the verifier alone;
 * the **speculative** run: ``speculative_config={"method": "eagle3", "model": EXPORT,
-  "num_speculative_tokens": k}`` (DESIGN.md §3.6), ``disable_log_stats=False`` so vLLM counts.
+  "num_speculative_tokens": k}`` (docs/architecture.md, "On disk", Export), ``disable_log_stats=False`` so vLLM counts.
 
 Invariants of a returned ``VllmSpecReport``:
 

@@ -1,4 +1,5 @@
-"""``eagle3 export``: the flat vLLM EAGLE-3 format of DESIGN.md §3.6 (config.json + model.safetensors).
+"""``eagle3 export``: the flat vLLM EAGLE-3 format (config.json + model.safetensors; docs/architecture.md,
+"On disk", Export).
 
 Invariants:
 

@@ -1,6 +1,6 @@
 """The EAGLE-3 draft: one Llama decoder layer over cat(norm(embedding), norm(hidden)) of width 2H.
 
-Parameter names equal the export names of DESIGN.md §3.6 (``fc``, ``midlayer.*``, ``norm``,
+Parameter names equal the export names of docs/architecture.md ("On disk", Export) (``fc``, ``midlayer.*``, ``norm``,
 ``lm_head``, buffers ``d2t``/``t2d``), so export is a dtype cast plus a config. The embedding is the
 verifier's, frozen, and kept out of the state dict (vLLM shares the verifier's).
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from eagle3.core.models import resolve_model_dir
 from eagle3.draft_trainer.checkpoint import (
     DRAFT_DIR,
     load_checkpoint,
@@ -60,17 +61,11 @@ class RunResult:
     train_s: float = 0.0
 
 
-def resolve_model(model: str) -> Path:
-    from eagle3.core.models import resolve_model_dir
-
-    return resolve_model_dir(model)
-
-
 def build_draft(cfg: TrainConfig, meta_hidden: int, aux_ids: tuple[int, ...]) -> tuple[EagleDraft, Teacher]:
     """Draft (vocab set, verifier embedding, lm_head rows) and teacher from the verifier's tensors."""
     vocab_path = Path(cfg.vocab)
     vocab = load_vocab(vocab_path.parent if vocab_path.name == VOCAB_FILE else vocab_path)
-    target, tensors = load_verifier_tensors(resolve_model(cfg.model))
+    target, tensors = load_verifier_tensors(resolve_model_dir(cfg.model))
     if int(target["hidden_size"]) != meta_hidden:
         raise DataError(
             f"features hidden size {meta_hidden} != verifier {cfg.model} hidden size {target['hidden_size']}"

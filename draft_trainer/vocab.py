@@ -1,6 +1,6 @@
 """Draft vocabulary: the K most frequent assistant tokens and vLLM's ``d2t`` / ``t2d`` tensors.
 
-Definitions (DESIGN.md §3.2, vLLM ``LlamaForCausalLMEagle3``):
+Definitions (docs/architecture.md, "On disk", Vocab; vLLM ``LlamaForCausalLMEagle3``):
 
 * the chosen target ids are the top-K ids by frequency among supervised (``loss_mask == 1``)
   tokens, ties broken by the smaller id, then **sorted ascending**;

@@ -1,6 +1,8 @@
-"""The resident extraction server: loads the verifier once, serves ``/v1/extract`` to every user.
+"""The resident extraction server (``eagle3 serve``): loads the verifier once and serves
+``/v1/extract`` to every user.
 
-Not built yet (a later issue): FastAPI app, token-budgeted scheduling across tenants, and the
-``hf`` and ``vllm`` backends in ``server/backends/``. It may import ``eagle3.core.protocol``; only
-``server/backends/vllm.py`` may import vllm.
+``app`` (FastAPI routes, auth, errors) -> ``runtime`` (owns the backend, scheduler, encoder pool and
+metrics) -> ``scheduler`` (token-budgeted packing across tenants) -> ``backends`` (``hf``, ``vllm``,
+one contract in ``backends/base.py``); ``stream`` encodes results as frames. It stands on
+``eagle3.core`` only; only ``backends/vllm*.py`` import vllm (docs/architecture.md).
 """

@@ -18,7 +18,7 @@ and ``__metadata__`` = {"schema_version", "sample_ids" (JSON list), "layer_ids" 
 
 Invariants:
 
-* Layer semantics are vLLM's (DESIGN.md §3.1): aux id k is the residual stream entering decoder
+* Layer semantics are vLLM's (docs/architecture.md, "Layer ids"): aux id k is the residual stream entering decoder
   layer k (= HF ``hidden_states[k]``); the final state is the last decoder layer's output *before*
   the final norm, so ``final_norm_applied`` is always false.
 * The manifest is the truth. A shard file without a manifest line is an orphan (a crash between

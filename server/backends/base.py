@@ -7,7 +7,7 @@ or tenants; the scheduler never sees torch modules.
 
 Invariants every backend keeps (tests/integration/test_backend_parity.py holds each one):
 
-* Layer semantics are vLLM's (DESIGN.md §3.1). For ``aux_layer_ids = (a, b, c)`` and ``N`` decoder
+* Layer semantics are vLLM's (docs/architecture.md, "Layer ids"). For ``aux_layer_ids = (a, b, c)`` and ``N`` decoder
   layers, ``extract`` returns per sample a tensor ``[n_tokens, len(aux) + 1, hidden]`` whose slot j
   is the residual stream entering decoder layer ``aux[j]`` (HF ``hidden_states[aux[j]]``) and whose
   last slot is the output of decoder layer ``N - 1`` before the final norm.

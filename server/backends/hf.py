@@ -6,7 +6,7 @@ it (``embed_tokens`` for ``k = 0``, decoder layer ``k - 1`` otherwise), and the 
 output of the last decoder layer before the final norm. Hooks keep only the tapped layers alive,
 instead of all ``N + 1`` states that ``output_hidden_states=True`` would hold.
 
-Batching depends on the dtype's contract (DESIGN.md §3.1: fp32 bitwise, bf16 within bf16 rounding):
+Batching depends on the dtype's contract (docs/architecture.md, "Layer ids": fp32 bitwise, bf16 within bf16 rounding):
 
 * bf16 (the default): the batch is sorted by length and cut into groups padded on the right to their
   longest member, each group one forward call of at most ``max_batch_tokens`` padded tokens with at most

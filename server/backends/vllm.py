@@ -1,7 +1,7 @@
 """The vLLM backend: production extraction (CUDA, tensor parallel) behind the same contract as ``hf``.
 
 The engine runs vLLM's ``extract_hidden_states`` speculative method: the verifier's forward pass
-records the residual stream at ``aux_layer_ids + (N,)`` (vLLM semantics, DESIGN.md §3.1: id ``k < N``
+records the residual stream at ``aux_layer_ids + (N,)`` (vLLM semantics, docs/architecture.md, "Layer ids": id ``k < N``
 is the stream entering decoder layer ``k``, id ``N`` the last layer's output before the final norm)
 and ``eagle3.server.backends.vllm_connector`` hands each finished sample over through a private tmpfs
 directory (its docstring says why not memory). Each ``extract`` call is one ``LLM.generate`` with

@@ -2,7 +2,7 @@
 
 Per layer and sample, relative L2 against ``AutoModelForCausalLM`` with ``output_hidden_states=True``
 (aux id k = ``hidden_states[k]``) and a hook on the last decoder layer (final = before the norm,
-DESIGN.md §3.1): < 1e-4 in fp32, < 5e-2 in bf16; samples of different lengths, each alone and all in
+docs/architecture.md, "Layer ids"): < 1e-4 in fp32, < 5e-2 in bf16; samples of different lengths, each alone and all in
 one ``extract`` call (one longer than the token budget: chunked prefill), and two clients at once
 through a live ``eagle3 serve --backend vllm --device cuda``. Models: the embedded SmolLM2 (9 heads:
 TP 1 only) and a random tiny Llama with 8 heads (TP up to 8).

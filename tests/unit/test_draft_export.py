@@ -1,4 +1,5 @@
-"""Export: keys, shapes and config of DESIGN.md §3.6, held against vLLM's Eagle3 weight mapping."""
+"""Export: keys, shapes and config of docs/architecture.md ("On disk", Export), held against vLLM's Eagle3
+weight mapping."""
 
 from __future__ import annotations
 
