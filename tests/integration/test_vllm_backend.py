@@ -113,7 +113,7 @@ def backend(smollm2_dir: Path) -> Iterator[Any]:
         model=str(smollm2_dir),
         dtype="float32",
         max_batch_tokens=MAX_BATCH_TOKENS,
-        vllm=VllmOptions(kv_cache_gib=KV_CACHE_GIB),
+        vllm=VllmOptions(kv_cache_gib=KV_CACHE_GIB, engine_args={"max_num_seqs": 48}),  # a pass-through arg
     )
     backend: Any = make_backend("vllm", config)
     phases: list[tuple[str, float]] = []
@@ -135,6 +135,8 @@ def test_load_reports_progress_and_describes_the_verifier(backend: Any, smollm2_
     assert info.aux_layer_ids == (2, 15, 27) and info.final_layer_id == 30
     assert info.revision == checkpoint_revision(smollm2_dir)
     assert info.tokenizer_sha256 == tokenizer_sha256(smollm2_dir)
+    # --engine-arg reached the engine (our own default would be min(256, max_batch_tokens))
+    assert backend.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 48
 
 
 def test_vllm_matches_transformers_fp32_alone_and_packed(backend: Any, smollm2_dir: Path) -> None:
