@@ -32,10 +32,11 @@ import httpx
 from eagle3.client.errors import FeaturesWriteError, IncompatibleError, NoServerAvailableError, SampleFailure
 from eagle3.client.extract_work import BatchSource, ByteBudget, ServerWorker, cut_batches
 from eagle3.client.progress import Progress
-from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient, ServerInfo
+from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient
 from eagle3.core.features_writer import DEFAULT_SHARD_MB, IDENTITY_FIELDS, FeaturesWriter, check_free_disk
 from eagle3.core.protocol.features import SHARDS_DIR, FeaturesMeta
 from eagle3.core.protocol.prepared import SAMPLES_FILE, PreparedMeta, PreparedSample, iter_prepared, read_meta
+from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
 
 logger = logging.getLogger(__name__)

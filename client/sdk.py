@@ -20,13 +20,13 @@ the next URL of the list.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import httpx
@@ -46,6 +46,7 @@ from eagle3.client.errors import (
 from eagle3.client.stream import StreamAssembler
 from eagle3.core.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
 from eagle3.core.protocol.prepared import PreparedSample
+from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
 
 logger = logging.getLogger(__name__)
@@ -61,44 +62,13 @@ Sample = Any  # list[int] | {"input_ids", "loss_mask"?, "id"?} | {"messages", "i
 Outcome = ExtractedSample | SampleFailure
 
 
-@dataclass(frozen=True)
-class ServerInfo:
-    """``GET /v1/info``: what the server extracts and its limits (``raw`` keeps every field as sent)."""
-
-    protocol_version: int
-    model_id: str
-    revision: str
-    backend: str
-    device: str
-    dtype: str
-    num_hidden_layers: int
-    aux_layer_ids: tuple[int, ...]
-    final_layer_id: int
-    hidden_size: int
-    vocab_size: int
-    max_model_len: int
-    tokenizer_sha256: str
-    codecs: tuple[str, ...]
-    default_codec: str
-    limits: dict[str, int]
-    final_norm_applied: bool = False
-    url: str = ""
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], url: str = "") -> ServerInfo:
-        try:
-            values = {f.name: data[f.name] for f in fields(cls) if f.name not in ("url", "raw", "final_norm_applied")}
-            values["aux_layer_ids"] = tuple(int(i) for i in values["aux_layer_ids"])
-            values["codecs"] = tuple(values["codecs"])
-            values["limits"] = {str(k): int(v) for k, v in dict(values["limits"]).items() if v is not None}
-            return cls(**values, final_norm_applied=bool(data.get("final_norm_applied", False)), url=url, raw=data)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise APIError(f"{url}/v1/info: unexpected answer ({exc!r})", url=url) from None
-
-    def limit(self, name: str, default: int) -> int:
-        value = self.limits.get(name)
-        return default if value is None or value <= 0 else value
+def parse_server_info(data: Any, url: str) -> ServerInfo:
+    """``GET /v1/info`` as the typed ``ServerInfo`` (``eagle3.core.protocol.wire``); a malformed answer
+    is an ``APIError`` naming the field."""
+    try:
+        return dataclasses.replace(ServerInfo.from_dict(data), url=url)
+    except ProtocolError as exc:
+        raise APIError(f"{url}/v1/info: unexpected answer ({exc})", url=url) from None
 
 
 def to_request_samples(samples: Iterable[Sample]) -> list[dict[str, Any]]:
@@ -206,7 +176,7 @@ class ExtractionClient:
     def info(self) -> ServerInfo:
         """``GET /v1/info`` of the current server (retried like any request)."""
         data = self._with_retries(lambda url: self._get_json(url, "/v1/info"))
-        return ServerInfo.from_dict(data, url=self.url)
+        return parse_server_info(data, self.url)
 
     def ready(self) -> bool:
         """``GET /readyz`` of the current server: True when it is loaded and not draining."""

@@ -16,6 +16,7 @@ import numpy as np
 from eagle3.client.errors import SampleFailure, StreamError
 from eagle3.core.codec import decode_payload, parse_safetensors
 from eagle3.core.protocol.frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameDecoder, FrameType, ProtocolError
+from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, SampleErrorMeta, StreamHeader
 from eagle3.core.sample import ExtractedSample
 
 RAW_SLACK_BYTES = 1 << 20  # a chunk's safetensors header on top of max_payload_bytes of tensor data
@@ -26,12 +27,14 @@ class StreamAssembler:
         self.url = url
         self.expected_ids = {r["id"]: r.get("input_ids") for r in requests}
         self.decoder = decoder
-        self.header: dict[str, Any] | None = None
-        self.end: dict[str, Any] | None = None
+        self.header: StreamHeader | None = None
+        self.end: EndMeta | None = None
         self.max_raw_bytes = DEFAULT_MAX_PAYLOAD_BYTES + RAW_SLACK_BYTES
         self._chunks: dict[str, list[tuple[Any, Any, Any]]] = {}  # sample id -> (hidden, ids, mask) so far
         self._next_token: dict[str, int] = {}
         self._done: set[str] = set()
+        self._n_delivered = 0
+        self._n_failed = 0
 
     def handle(self, frame: Frame) -> list[ExtractedSample | SampleFailure]:
         if frame.type == FrameType.HEADER:
@@ -42,56 +45,60 @@ class StreamAssembler:
         elif frame.type == FrameType.SAMPLE_ERROR:
             return [self._on_sample_error(frame.meta)]
         elif frame.type == FrameType.ERROR:
-            error = frame.meta.get("error") or {}
-            completed = tuple(str(i) for i in frame.meta.get("completed_sample_ids", ()))
+            abort = AbortMeta.from_dict(frame.meta)
+            error = abort.error
             raise StreamError(
-                f"{self.url}: server aborted the stream: {error.get('type', 'error')}: {error.get('message', '')}",
+                f"{self.url}: server aborted the stream: {error.type}: {error.message}",
                 url=self.url,
-                request_id=(self.header or {}).get("request_id"),
-                retryable=bool(error.get("retryable", False)),
-                type=str(error.get("type", "error")),
-                completed_sample_ids=completed,
+                request_id=self.header.request_id if self.header else None,
+                retryable=error.retryable,
+                type=error.type,
+                completed_sample_ids=abort.completed_sample_ids,
             )
         elif frame.type == FrameType.END:
-            self.end = frame.meta
+            self._on_end(EndMeta.from_dict(frame.meta))
         return []
 
-    def _fail(self, message: str) -> ProtocolError:
-        return ProtocolError(message)
+    def _on_end(self, end: EndMeta) -> None:
+        """END's counts must match what this stream delivered (a sample dropped on the way is caught here)."""
+        got = (self._n_delivered, self._n_failed)
+        if (end.n_samples, end.n_failed) != got:
+            raise ProtocolError(
+                f"END counts {end.n_samples} samples + {end.n_failed} failed, received {got[0]} + {got[1]}"
+            )
+        self.end = end
 
     def _on_header(self, meta: dict[str, Any]) -> None:
-        try:
-            self.aux_layer_ids = tuple(int(i) for i in meta["aux_layer_ids"])
-            self.final_layer_id = int(meta["final_layer_id"])
-            self.hidden_size = int(meta["hidden_size"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._fail(f"HEADER frame lacks {exc}") from None
-        if meta.get("dtype", "bfloat16") != "bfloat16":
-            raise self._fail(f"HEADER dtype {meta.get('dtype')!r}; this client reads bfloat16")
-        if meta.get("final_norm_applied"):
-            raise self._fail("HEADER says final_norm_applied=true; EAGLE-3 needs the pre-norm final state")
-        max_payload = int(meta.get("max_payload_bytes") or DEFAULT_MAX_PAYLOAD_BYTES)
-        self.max_raw_bytes = min(max_payload, DEFAULT_MAX_PAYLOAD_BYTES) + RAW_SLACK_BYTES
+        header = StreamHeader.from_dict(meta)
+        if header.dtype != "bfloat16":
+            raise ProtocolError(f"HEADER dtype {header.dtype!r}; this client reads bfloat16")
+        if header.final_norm_applied:
+            raise ProtocolError("HEADER says final_norm_applied=true; EAGLE-3 needs the pre-norm final state")
+        self.aux_layer_ids = header.aux_layer_ids
+        self.final_layer_id = header.final_layer_id
+        self.hidden_size = header.hidden_size
+        self.max_raw_bytes = min(header.max_payload_bytes, DEFAULT_MAX_PAYLOAD_BYTES) + RAW_SLACK_BYTES
         if self.decoder is not None:
             self.decoder.max_payload_bytes = self.max_raw_bytes  # compressed is never larger than raw+slack
-        self.header = meta
+        self.header = header
 
     def _on_data(self, frame: Frame) -> ExtractedSample | None:
         if self.header is None:
-            raise self._fail("DATA frame before HEADER")
-        meta = frame.meta
+            raise ProtocolError("DATA frame before HEADER")
         try:
-            sample_id = str(meta["sample_id"])
-            start, end, n_total = int(meta["token_start"]), int(meta["token_end"]), int(meta["n_tokens"])
-            final, raw_bytes = bool(meta["final"]), int(meta["raw_bytes"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._fail(f"frame {frame.seq}: DATA meta lacks {exc}") from None
+            meta = DataMeta.from_dict(frame.meta)
+        except ProtocolError as exc:
+            raise ProtocolError(f"frame {frame.seq}: {exc}") from None
+        sample_id, start, end, n_total = meta.sample_id, meta.token_start, meta.token_end, meta.n_tokens
+        final, raw_bytes = meta.final, meta.raw_bytes
         if sample_id not in self.expected_ids or sample_id in self._done:
-            raise self._fail(f"frame {frame.seq}: sample {sample_id!r} was not requested or came twice")
+            raise ProtocolError(f"frame {frame.seq}: sample {sample_id!r} was not requested or came twice")
         if start != self._next_token.get(sample_id, 0) or not start < end <= n_total or final != (end == n_total):
-            raise self._fail(f"frame {frame.seq}: sample {sample_id!r} chunk {start}:{end} of {n_total} out of order")
+            raise ProtocolError(
+                f"frame {frame.seq}: sample {sample_id!r} chunk {start}:{end} of {n_total} out of order"
+            )
         if not 0 < raw_bytes <= self.max_raw_bytes:
-            raise self._fail(f"frame {frame.seq}: raw_bytes {raw_bytes} over the {self.max_raw_bytes} bound")
+            raise ProtocolError(f"frame {frame.seq}: raw_bytes {raw_bytes} over the {self.max_raw_bytes} bound")
         tensors, _ = parse_safetensors(decode_payload(frame.payload, frame.codec, raw_bytes))
         n = end - start
         n_layers = len(self.aux_layer_ids) + 1
@@ -101,7 +108,7 @@ class StreamAssembler:
             got = tensors.get(name)
             if got is None or got.dtype != dtype or got.shape != shape:
                 found = None if got is None else f"{got.dtype} {list(got.shape)}"
-                raise self._fail(f"frame {frame.seq}: {name} is {found}, expected {dtype} {list(shape)}")
+                raise ProtocolError(f"frame {frame.seq}: {name} is {found}, expected {dtype} {list(shape)}")
         parts = (tensors["hidden_states"].numpy(), tensors["input_ids"].numpy(), tensors["loss_mask"].numpy())
         self._next_token[sample_id] = end
         if not final:
@@ -111,19 +118,19 @@ class StreamAssembler:
         hidden, ids, mask = (c[0] if len(chunks) == 1 else np.concatenate(c) for c in zip(*chunks, strict=True))
         expected = self.expected_ids[sample_id]
         if expected is not None and (len(expected) != n_total or not np.array_equal(ids, expected)):
-            raise self._fail(f"sample {sample_id!r}: the server returned other input_ids than were sent")
+            raise ProtocolError(f"sample {sample_id!r}: the server returned other input_ids than were sent")
         self._done.add(sample_id)
         self._next_token.pop(sample_id)
+        self._n_delivered += 1
         return ExtractedSample(sample_id, ids, mask, hidden, self.aux_layer_ids, self.final_layer_id)
 
-    def _on_sample_error(self, meta: dict[str, Any]) -> SampleFailure:
-        sample_id = str(meta.get("sample_id"))
+    def _on_sample_error(self, raw: dict[str, Any]) -> SampleFailure:
+        meta = SampleErrorMeta.from_dict(raw)
+        sample_id = meta.sample_id
         if sample_id not in self.expected_ids or sample_id in self._done:
-            raise self._fail(f"SAMPLE_ERROR for {sample_id!r}, which was not requested or already done")
+            raise ProtocolError(f"SAMPLE_ERROR for {sample_id!r}, which was not requested or already done")
         self._chunks.pop(sample_id, None)
         self._next_token.pop(sample_id, None)
         self._done.add(sample_id)
-        error = meta.get("error") or {}
-        return SampleFailure(
-            sample_id, str(error.get("type", "error")), str(error.get("message", "")), bool(error.get("retryable"))
-        )
+        self._n_failed += 1
+        return SampleFailure(sample_id, meta.error.type, meta.error.message, meta.error.retryable)

@@ -95,7 +95,10 @@ def add_knob_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         elif k.repeat:
             parser.add_argument(flag_name(f), action="append", metavar=_metavar(f), **common)
         else:
-            parser.add_argument(flag_name(f), choices=k.choices, metavar=None if k.choices else _metavar(f), **common)
+            kind_arg: dict[str, Any] = {"type": kind} if kind in (int, float) and k.parse is None else {}
+            parser.add_argument(
+                flag_name(f), choices=k.choices, metavar=None if k.choices else _metavar(f), **kind_arg, **common
+            )
 
 
 def _metavar(f: dataclasses.Field[Any]) -> str:

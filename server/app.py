@@ -170,7 +170,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
         rt = runtime_of(request)
         if rt.info is None:
             raise unavailable(rt) or ApiError(503, "model is loading", reason="loading", retry_after_s=5)
-        return JSONResponse(rt.describe())
+        return JSONResponse(rt.describe().to_dict())
 
     @app.get("/metrics", dependencies=auth)
     async def metrics(request: Request) -> Response:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from eagle3.core.masking import ChatTokenizer
-from eagle3.core.protocol.frames import CODEC_NAMES
+from eagle3.core.protocol.wire import CODECS, ServerInfo
 from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_backend
 from eagle3.server.config import ServerSettings
 from eagle3.server.metrics import Metrics
@@ -157,29 +157,27 @@ class Runtime:
             self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def describe(self) -> dict[str, Any]:
-        """``/v1/info`` body (call only when loaded)."""
+    def describe(self) -> ServerInfo:
+        """``/v1/info`` (call only when loaded)."""
         info, s = self.info, self.settings
         assert info is not None
-        return {
-            "protocol_version": 1,
-            "model_id": info.model_id,
-            "revision": info.revision,
-            "backend": info.backend,
-            "device": info.device,
-            "dtype": info.dtype,
-            "num_hidden_layers": info.num_hidden_layers,
-            "aux_layer_ids": list(info.aux_layer_ids),
-            "final_layer_id": info.final_layer_id,
-            "final_norm_applied": False,
-            "hidden_size": info.hidden_size,
-            "vocab_size": info.vocab_size,
-            "max_model_len": info.max_model_len,
-            "tokenizer_sha256": info.tokenizer_sha256,
-            "chat_template": self.chat is not None,
-            "codecs": list(CODEC_NAMES),
-            "default_codec": s.default_codec,
-            "limits": {
+        return ServerInfo(
+            model_id=info.model_id,
+            revision=info.revision,
+            backend=info.backend,
+            device=info.device,
+            dtype=info.dtype,
+            num_hidden_layers=info.num_hidden_layers,
+            aux_layer_ids=info.aux_layer_ids,
+            final_layer_id=info.final_layer_id,
+            hidden_size=info.hidden_size,
+            vocab_size=info.vocab_size,
+            max_model_len=info.max_model_len,
+            tokenizer_sha256=info.tokenizer_sha256,
+            chat_template=self.chat is not None,
+            codecs=CODECS,
+            default_codec=s.default_codec,
+            limits={
                 "max_batch_tokens": s.max_batch_tokens,
                 "max_request_tokens": s.request_token_cap,
                 "max_body_bytes": s.max_body_bytes,
@@ -187,7 +185,7 @@ class Runtime:
                 "max_tenant_inflight_tokens": s.max_tenant_inflight_tokens,
                 "max_payload_bytes": s.max_payload_bytes,
             },
-        }
+        )
 
 
 def load_chat_tokenizer(model_dir: str) -> ChatTokenizer | None:

@@ -22,7 +22,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
-from eagle3.core.protocol.frames import CONTENT_TYPE, PROTOCOL_VERSION, Codec, Frame, FrameType, encode_frame
+from eagle3.core.protocol.frames import CONTENT_TYPE, Codec, Frame, FrameType, encode_frame
+from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, ErrorInfo, SampleErrorMeta, StreamHeader
 from eagle3.server.backends import BackendInfo
 from eagle3.server.metrics import Metrics
 from eagle3.server.scheduler import Request, Result, Scheduler
@@ -40,24 +41,21 @@ class EncodeOptions:
 
 def stream_header(
     info: BackendInfo, request_id: str, n_samples: int, n_tokens: int, max_payload_bytes: int
-) -> dict[str, Any]:
+) -> StreamHeader:
     """The HEADER frame's meta (docs/protocol.md): what every DATA frame of the stream holds."""
-    return {
-        "protocol": PROTOCOL_VERSION,
-        "request_id": request_id,
-        "model_id": info.model_id,
-        "revision": info.revision,
-        "aux_layer_ids": list(info.aux_layer_ids),
-        "final_layer_id": info.final_layer_id,
-        "final_norm_applied": False,
-        "dtype": "bfloat16",
-        "hidden_size": info.hidden_size,
-        "vocab_size": info.vocab_size,
-        "tokenizer_sha256": info.tokenizer_sha256,
-        "n_samples": n_samples,
-        "n_tokens": n_tokens,
-        "max_payload_bytes": max_payload_bytes,
-    }
+    return StreamHeader(
+        request_id=request_id,
+        model_id=info.model_id,
+        revision=info.revision,
+        aux_layer_ids=info.aux_layer_ids,
+        final_layer_id=info.final_layer_id,
+        hidden_size=info.hidden_size,
+        vocab_size=info.vocab_size,
+        tokenizer_sha256=info.tokenizer_sha256,
+        n_samples=n_samples,
+        n_tokens=n_tokens,
+        max_payload_bytes=max_payload_bytes,
+    )
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -90,7 +88,7 @@ def encode_result(result: Result, seq: int, opts: EncodeOptions) -> tuple[list[b
     """Frames for one sample (runs in a worker thread): ``(frames, raw_bytes, payload_bytes)``."""
     sample = result.sample
     if result.error is not None:
-        meta = {"sample_id": sample.sample_id, "sample_index": sample.index, "error": result.error}
+        meta = SampleErrorMeta(sample.sample_id, sample.index, ErrorInfo.from_dict(result.error)).to_dict()
         return [encode_frame(Frame(FrameType.SAMPLE_ERROR, seq, meta))], 0, 0
     frames, raw_total, wire_total = [], 0, 0
     blobs = sample_blobs(result, opts.max_payload_bytes)
@@ -98,15 +96,9 @@ def encode_result(result: Result, seq: int, opts: EncodeOptions) -> tuple[list[b
         payload, codec = encode_payload(blob, opts.codec, opts.zstd_level), opts.codec
         if codec != Codec.NONE and len(payload) >= len(blob) and len(blob) <= opts.max_payload_bytes:
             payload, codec = blob, Codec.NONE  # incompressible: send it as is
-        meta = {
-            "sample_id": sample.sample_id,
-            "sample_index": sample.index,
-            "token_start": start,
-            "token_end": end,
-            "n_tokens": sample.n_tokens,
-            "final": k == len(blobs) - 1,
-            "raw_bytes": len(blob),
-        }
+        meta = DataMeta(
+            sample.sample_id, sample.index, start, end, sample.n_tokens, k == len(blobs) - 1, len(blob)
+        ).to_dict()
         frames.append(encode_frame(Frame(FrameType.DATA, seq + k, meta, payload, codec)))
         raw_total += len(blob)
         wire_total += len(payload)
@@ -118,7 +110,7 @@ class ExtractStream:
         self,
         sched: Scheduler,
         req: Request,
-        header: dict[str, Any],
+        header: StreamHeader,
         opts: EncodeOptions,
         executor: Executor,
         metrics: Metrics,
@@ -143,7 +135,7 @@ class ExtractStream:
     async def body(self) -> AsyncIterator[bytes | memoryview]:
         loop = asyncio.get_running_loop()
         req = self.req
-        out: list[bytes] = [self._frame(FrameType.HEADER, self.header)]
+        out: list[bytes] = [self._frame(FrameType.HEADER, self.header.to_dict())]
         n_left = len(req.samples)
         try:
             while n_left:
@@ -153,8 +145,8 @@ class ExtractStream:
                     out = []
                 results = await req.next_results(self.heartbeat_s)
                 if req.abort_error is not None:
-                    meta = {"error": req.abort_error, "completed_sample_ids": self.completed}
-                    yield self._frame(FrameType.ERROR, meta)
+                    abort = AbortMeta(ErrorInfo.from_dict(req.abort_error), tuple(self.completed))
+                    yield self._frame(FrameType.ERROR, abort.to_dict())
                     return
                 if not results:
                     out.append(self._frame(FrameType.HEARTBEAT, {}))
@@ -173,13 +165,13 @@ class ExtractStream:
                             yield piece
                         out = []
                     self.sched.release(req, result.sample.n_tokens)  # streamed out (or buffered in `out`)
-            out.append(self._frame(FrameType.END, {"n_frames": self.seq + 1, **self.counts}))
+            out.append(self._frame(FrameType.END, EndMeta(n_frames=self.seq + 1, **self.counts).to_dict()))
             for piece in self._pieces(out):
                 yield piece
         except Exception as exc:
             logger.exception("request %s: stream failed", req.request_id)
-            error = {"type": "internal", "message": f"server error while streaming: {exc}"[:500], "retryable": True}
-            yield self._frame(FrameType.ERROR, {"error": error, "completed_sample_ids": self.completed})
+            error = ErrorInfo("internal", f"server error while streaming: {exc}"[:500], retryable=True)
+            yield self._frame(FrameType.ERROR, AbortMeta(error, tuple(self.completed)).to_dict())
         finally:
             self.close()
 

@@ -3,12 +3,11 @@ lengths, unique sample ids, token caps). Every failure is an ``ApiError`` naming
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from eagle3.core.conversations import Message, RowError
 from eagle3.core.masking import ChatTokenizer, TemplateError
+from eagle3.core.protocol.wire import CODECS
 from eagle3.server.errors import ApiError
 from eagle3.server.scheduler import Sample
 
@@ -30,8 +29,15 @@ class SampleIn(BaseModel):
 class ExtractRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     samples: list[SampleIn] = Field(min_length=1)
-    codec: Literal["zstd+planes", "zstd+shuffle", "zstd", "none"] | None = None
+    codec: StrictStr | None = None  # one of eagle3.core.protocol.wire.CODECS
     zstd_level: StrictInt = Field(default=1, ge=1, le=19)
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, value: str | None) -> str | None:
+        if value is not None and value not in CODECS:
+            raise ValueError(f"unknown codec {value!r}; choose one of {', '.join(CODECS)}")
+        return value
 
 
 def param_of(loc: tuple[int | str, ...]) -> str:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3.core.codec import decode_payload, parse_safetensors
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec, FrameDecoder, FrameType
+from eagle3.core.protocol.wire import DataMeta, EndMeta
 from eagle3.server.scheduler import Sample
 from eagle3.server.stream import EncodeOptions, ExtractStream, stream_header
 from eagle3.server.validation import check_samples, parse_request
@@ -116,17 +117,18 @@ async def _one_request(rt: Runtime, samples: list[Sample], codec: Codec) -> None
         frames += decoder.feed(piece)
     decoder.close()
     end = frames[-1]
-    if end.type != FrameType.END or end.meta.get("n_samples") != len(samples):
+    if end.type != FrameType.END or EndMeta.from_dict(end.meta).n_samples != len(samples):
         raise WarmupError(f"warm-up request ({codec.name}) ended with {end.type.name} {end.meta}")
     want_shape = (info.n_layers_out, info.hidden_size)
     n_tokens = {s.sample_id: 0 for s in samples}
     for frame in frames:
         if frame.type != FrameType.DATA:
             continue
-        tensors, _ = parse_safetensors(decode_payload(frame.payload, frame.codec, frame.meta["raw_bytes"]))
+        meta = DataMeta.from_dict(frame.meta)
+        tensors, _ = parse_safetensors(decode_payload(frame.payload, frame.codec, meta.raw_bytes))
         states = tensors["hidden_states"]
-        if states.shape[1:] != want_shape or states.shape[0] != frame.meta["token_end"] - frame.meta["token_start"]:
-            raise WarmupError(f"warm-up sample {frame.meta['sample_id']}: states of shape {states.shape}")
-        n_tokens[frame.meta["sample_id"]] += states.shape[0]
+        if states.shape[1:] != want_shape or states.shape[0] != meta.token_end - meta.token_start:
+            raise WarmupError(f"warm-up sample {meta.sample_id}: states of shape {states.shape}")
+        n_tokens[meta.sample_id] += states.shape[0]
     if n_tokens != {s.sample_id: s.n_tokens for s in samples}:
         raise WarmupError(f"warm-up tokens per sample {n_tokens}, sent {[s.n_tokens for s in samples]}")

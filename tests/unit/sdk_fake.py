@@ -162,6 +162,7 @@ class FakeServer:
         if call.abort is not None:
             put(FrameType.ERROR, {"error": call.abort, "completed_sample_ids": []})
             return b"".join(out)
-        put(FrameType.END, {"n_frames": seq + 1, "n_samples": len(samples), "n_failed": len(call.fail_ids),
+        n_failed = sum(s["id"] in call.fail_ids for s in samples)
+        put(FrameType.END, {"n_frames": seq + 1, "n_samples": len(samples) - n_failed, "n_failed": n_failed,
                             "n_tokens": 0, "payload_bytes": 0, "raw_bytes": 0})  # fmt: skip
         return b"".join(out)

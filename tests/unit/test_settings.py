@@ -85,7 +85,7 @@ def test_engine_args_typed_and_merged():
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["--max-batch-tokens", "lots"], {}, "--max-batch-tokens 'lots'"),
+        ([], {"EAGLE3_MAX_BATCH_TOKENS": "lots"}, "EAGLE3_MAX_BATCH_TOKENS 'lots'"),
         ([], {"EAGLE3_MAX_BATCH_TOKENS": "-5"}, "--max-batch-tokens must be positive"),
         ([], {"EAGLE3_PORT": "eighty"}, "EAGLE3_PORT 'eighty'"),
         ([], {"EAGLE3_AUX_LAYER_IDS": "2,x"}, "EAGLE3_AUX_LAYER_IDS '2,x': expected comma-separated integers"),
@@ -96,6 +96,12 @@ def test_engine_args_typed_and_merged():
 def test_bad_values_name_their_source(argv, env, message):
     with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace("+", r"\+")):
         settings(argv, env)
+
+
+def test_bad_flag_value_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--max-batch-tokens", "lots"])
+    assert "--max-batch-tokens: invalid int value: 'lots'" in capsys.readouterr().err
 
 
 def test_config_file_errors(tmp_path: Path) -> None:
