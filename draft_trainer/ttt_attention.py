@@ -181,7 +181,7 @@ def _flex_kernel(device: torch.device) -> Any:
 
 
 def resolve_implementation(name: str, device: torch.device) -> str:
-    """"auto" -> "flex" on CUDA, "blockwise" elsewhere; anything else is checked and returned."""
+    """ "auto" -> "flex" on CUDA, "blockwise" elsewhere; anything else is checked and returned."""
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {name!r}")
     if name == "auto":
@@ -207,4 +207,3 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     for j in range(1, len(keys)):
         out = out + weights[..., j - 1, None] * values[j].float()
     return out.to(q.dtype)
-
