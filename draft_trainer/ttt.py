@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from torch.nn import functional
 
 from eagle3.draft_trainer.model import EagleDraft, rope_cos_sin
+from eagle3.draft_trainer.ttt_attention import SampleLayout, resolve_implementation, ttt_attention
+from eagle3.draft_trainer.ttt_loss import chunk_rows_for, chunk_terms
 
 
 class Teacher(torch.nn.Module):
@@ -55,8 +56,12 @@ class Teacher(torch.nn.Module):
 
     @torch.no_grad()
     def argmax_in_vocab(self, final: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
-        """[n, Ht] -> [n] bool: the full-vocab argmax lies in the draft vocab (``t2d`` [V])."""
-        return t2d[self(final).argmax(-1)]
+        """[n, Ht] -> [n] bool: the full-vocab argmax lies in the draft vocab (``t2d`` [V]).
+
+        Row chunks of ``chunk_rows_for(V)``, so the full-vocab logits are never whole."""
+        step = chunk_rows_for(self.lm_head_weight.shape[0])
+        parts = [t2d[self(final[i : i + step]).argmax(-1)] for i in range(0, final.shape[0], step)]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=final.device)
 
 
 def load_verifier_tensors(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -122,6 +127,31 @@ class TTTResult:
     term_losses: list[torch.Tensor]  # per step [T], 0 where not counted (detached; for tests)
 
 
+def _teacher_targets(
+    draft: EagleDraft, teacher: Teacher, final: torch.Tensor, need: torch.Tensor, in_vocab: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher log-probs over the draft vocab [T, Vd] (0 where not ``need``) and [T] in-vocab flags.
+
+    Without cached ``in_vocab`` the full-vocab logits are computed in row chunks (never [T, V] whole)."""
+    n, target_ids = final.shape[0], draft.target_ids
+    teacher_logp = torch.zeros(n, target_ids.shape[0], device=final.device)  # [T, Vd]
+    rows = need.nonzero().squeeze(1)  # [n_need]
+    if in_vocab is not None:
+        step = chunk_rows_for(target_ids.shape[0])
+        for i in range(0, rows.shape[0], step):
+            part = rows[i : i + step]
+            teacher_logp[part] = teacher(final[part], target_ids).log_softmax(-1)  # [c, Vd]
+        return teacher_logp, in_vocab & need
+    flags = torch.zeros(n, dtype=torch.bool, device=final.device)  # [T]
+    step = chunk_rows_for(teacher.lm_head_weight.shape[0])
+    for i in range(0, rows.shape[0], step):
+        part = rows[i : i + step]
+        full = teacher(final[part])  # [c, V]
+        teacher_logp[part] = full[:, target_ids].log_softmax(-1)
+        flags[part] = draft.t2d[full.argmax(-1)]
+    return teacher_logp, flags
+
+
 def ttt_forward(
     draft: EagleDraft,
     teacher: Teacher,
@@ -130,12 +160,16 @@ def ttt_forward(
     step_decay: float = 0.8,
     denominators: torch.Tensor | None = None,
     teacher_in_vocab: torch.Tensor | None = None,
+    attention: str = "auto",
 ) -> TTTResult:
     """Unroll ``ttt_steps`` draft steps; ``denominators`` [K] defaults to this batch's ``step_counts``.
 
     ``teacher_in_vocab`` [T] bool (the teacher's full-vocab argmax of each row is in the draft vocab),
     when a caller has it cached, spares the full-vocab teacher logits: only the draft-vocab columns are
-    computed (the softmax over them is the same either way)."""
+    computed (the softmax over them is the same either way). ``attention``: "auto" (flex_attention on
+    CUDA, blockwise elsewhere), "blockwise", "flex" or "dense" (the quadratic reference); all give the
+    same result (draft_trainer/ttt_attention.py). Memory is linear in the batch's tokens except with
+    "dense"; the loss runs in row chunks (draft_trainer/ttt_loss.py)."""
     n = batch.n_tokens
     device = batch.input_ids.device  # the draft, teacher and batch share it
     rows = torch.arange(n, device=device)
@@ -143,20 +177,11 @@ def ttt_forward(
     # teacher log-probs over the draft vocab at every row whose next token is supervised
     need = step_valid(batch, -1)  # [T] row j is a teacher row iff token j+1 is supervised
     with torch.no_grad():
-        target_ids = draft.target_ids
-        teacher_logp = torch.zeros(n, target_ids.shape[0], device=device)  # [T, Vd]
-        if teacher_in_vocab is None:
-            full = teacher(batch.final[need])  # [n_need, V]
-            teacher_logp[need] = full[:, target_ids].log_softmax(-1)
-            in_vocab = torch.zeros(n, dtype=torch.bool, device=device)  # [T]
-            in_vocab[need] = draft.t2d[full.argmax(-1)]
-        else:
-            teacher_logp[need] = teacher(batch.final[need], target_ids).log_softmax(-1)  # [n_need, Vd]
-            in_vocab = teacher_in_vocab & need
+        teacher_logp, in_vocab = _teacher_targets(draft, teacher, batch.final, need, teacher_in_vocab)
         teacher_arg = teacher_logp.argmax(-1)  # [T] draft ids
-    same = batch.seg_start[:, None] == batch.seg_start[None, :]  # [T, T]
-    causal = same & (rows[None, :] <= rows[:, None])  # [T, T] step-0 keys a query may see
     attn = draft.midlayer.self_attn
+    implementation = resolve_implementation(attention, device)
+    layout = SampleLayout.build(batch.seg_start, attn.n_heads)  # shared by the K steps
     hidden = draft.project_aux(batch.aux)  # [T, H]
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
@@ -169,28 +194,16 @@ def ttt_forward(
         q, key, value = attn.qkv(x, cos, sin)  # [T, nh, d] each
         keys.append(key)
         values.append(value)
-        scale = q.shape[-1] ** -0.5
-        scores0 = torch.einsum("qhd,khd->hqk", q, keys[0]) * scale  # [nh, T, T]
-        scores0 = scores0.masked_fill(~causal[None], float("-inf"))
-        if k == 0:
-            probs = scores0.softmax(-1)
-            out = torch.einsum("hqk,khd->qhd", probs, values[0])  # [T, nh, d]
-        else:
-            diag = torch.stack([(q * kj).sum(-1) for kj in keys[1:]], dim=-1) * scale  # [T, nh, k]
-            probs = torch.cat([scores0, diag.permute(1, 0, 2)], dim=-1).softmax(-1)  # [nh, T, T+k]
-            out = torch.einsum("hqk,khd->qhd", probs[..., :n], values[0])  # [T, nh, d]
-            p_diag = probs[..., n:].permute(1, 0, 2)  # [T, nh, k]
-            out = out + sum(p_diag[..., j - 1, None] * values[j] for j in range(1, k + 1))  # [T, nh, d]
+        out = ttt_attention(q, keys, values, layout, implementation)  # [T, nh, d]
         prenorm = draft.finish(out.reshape(n, -1), hidden)  # [T, H]
         mask = step_valid(batch, k) & in_vocab[tok_rows]  # [T]
         term = torch.zeros(n, device=device)
         if bool(mask.any()):
-            logits = draft.logits(prenorm[mask])  # [m, Vd]
-            t_logp = teacher_logp[tok_rows[mask]]  # [m, Vd]
-            ce = -(t_logp.exp() * functional.log_softmax(logits.float(), -1)).sum(-1)  # [m]
+            counted_rows = mask.nonzero().squeeze(1)  # [m]
+            ce, hits = chunk_terms(draft, prenorm, counted_rows, tok_rows[counted_rows], teacher_logp, teacher_arg)
             loss = loss + (step_decay**k) * ce.sum() / denominators[k].clamp(min=1)
-            term = term.index_put((mask.nonzero().squeeze(1),), ce.detach())
-            correct.append((logits.argmax(-1) == teacher_arg[tok_rows[mask]]).sum().float())
+            term = term.index_put((counted_rows,), ce.detach())
+            correct.append(hits)
         else:
             correct.append(torch.zeros((), device=device))
         sums.append(term.sum())

@@ -1,0 +1,58 @@
+"""The TTT distillation loss in row chunks: no ``[T, Vd]`` logits tensor of a step is ever whole.
+
+For the counted rows of one step, ``chunk_terms`` runs ``draft.logits`` -> log-softmax -> CE against the
+teacher's draft-vocab distribution ``chunk_rows`` rows at a time. With gradients on, each chunk is an
+activation checkpoint (``torch.utils.checkpoint``, non-reentrant): only its ``[rows, H]`` input is kept
+for backward and the chunk's logits are recomputed there, so the vocab-sized memory of a step is one
+chunk (``rows * Vd <= LOSS_CHUNK_ELEMENTS``) instead of K steps x T rows x Vd kept until backward.
+The values equal the unchunked loss up to float summation order (the CE of a row is computed whole).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional
+from torch.utils.checkpoint import checkpoint
+
+from eagle3.draft_trainer.model import EagleDraft
+
+LOSS_CHUNK_ELEMENTS = 1 << 23  # rows * vocab of one chunk (8 Mi elements: 32 MiB in fp32)
+
+
+def chunk_rows_for(vocab_size: int) -> int:
+    """Rows per chunk so that ``rows * vocab_size <= LOSS_CHUNK_ELEMENTS`` (at least 1)."""
+    return max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
+
+
+def _chunk(
+    draft: EagleDraft, prenorm: torch.Tensor, teacher_logp: torch.Tensor, teacher_arg: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[c, H] prenorm, [c, Vd] teacher log-probs, [c] teacher argmax -> ([c] CE, scalar hits)."""
+    logits = draft.logits(prenorm)  # [c, Vd]
+    ce = -(teacher_logp.exp() * functional.log_softmax(logits.float(), -1)).sum(-1)  # [c]
+    hits = (logits.argmax(-1) == teacher_arg).sum().float()
+    return ce, hits
+
+
+def chunk_terms(
+    draft: EagleDraft,
+    prenorm: torch.Tensor,
+    rows: torch.Tensor,
+    teacher_rows: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    teacher_arg: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CE [m] and argmax hits (scalar) of the ``m`` counted ``rows`` of ``prenorm`` [T, H], whose teacher
+    rows of ``teacher_logp`` [T, Vd] / ``teacher_arg`` [T] are ``teacher_rows`` [m]."""
+    step = chunk_rows_for(teacher_logp.shape[-1])
+    ces, hits = [], torch.zeros((), device=prenorm.device)
+    for start in range(0, rows.shape[0], step):
+        part, tpart = rows[start : start + step], teacher_rows[start : start + step]
+        args = (draft, prenorm[part], teacher_logp[tpart], teacher_arg[tpart])
+        if torch.is_grad_enabled() and prenorm.requires_grad:
+            ce, hit = checkpoint(_chunk, *args, use_reentrant=False)
+        else:
+            ce, hit = _chunk(*args)
+        ces.append(ce)
+        hits = hits + hit
+    return torch.cat(ces), hits
