@@ -46,6 +46,7 @@ from server.backends.base import (
     check_aux_layer_ids,
     default_aux_layer_ids,
 )
+from server.backends.engine_guard import DIR_PREFIX, mark_server, owner_tag, remove_stale_dirs
 from server.backends.hf import DTYPES, checkpoint_revision
 from server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
 
@@ -58,8 +59,9 @@ KNOBS = ("kv_cache_gib", "gpu_memory_utilization", "compile", "hidden_states_dir
 
 
 def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], max_model_len: int, device: str,
-                  store_dir: str) -> dict[str, Any]:  # fmt: skip
-    """``vllm.LLM`` keyword arguments for this config (pure: no engine is started)."""
+                  store_dir: str, server: str = "") -> dict[str, Any]:  # fmt: skip
+    """``vllm.LLM`` keyword arguments for this config (pure: no engine is started). ``server`` is the
+    ``engine_guard.ServerIdentity`` that arms the orphan watchdog in the engine's spawned processes."""
     extra = config.extra
     unknown = sorted(set(extra) - set(KNOBS))
     if unknown:
@@ -85,7 +87,7 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
             "kv_connector": CONNECTOR_NAME,
             "kv_connector_module_path": CONNECTOR_MODULE,
             "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": store_dir},
+            "kv_connector_extra_config": {"shared_storage_path": store_dir, "eagle3_server": server},
         },
     }
     kv_cache_gib = float(extra["kv_cache_gib"]) if "kv_cache_gib" in extra else None
@@ -161,6 +163,11 @@ class VllmBackend:
         max_model_len = self.config.max_model_len or max_len
         if max_len and max_model_len > max_len:
             raise BackendError(f"--max-model-len {max_model_len} exceeds the model's {max_len}")
+        # vLLM's max_model_len counts the one token generate() makes: a prompt of exactly that length is
+        # rejected. The engine gets one more position when the model has it; the longest sample served
+        # (advertised as max_model_len in /v1/info, the SDK's pre-check) is one less than the engine's.
+        engine_len = min(max_model_len + 1, max_len) if max_len else max_model_len + 1
+        max_model_len = engine_len - 1
 
         progress("importing vllm", 0.02)
         import vllm
@@ -174,8 +181,11 @@ class VllmBackend:
             )
         self._load_hidden_states, self._cleanup_hidden_states = stock.load_hidden_states, stock.cleanup_hidden_states
         self._sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-        self.store_dir = tempfile.mkdtemp(prefix="eagle3-vllm-hs-", dir=handover_root(self.config))
-        kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], max_model_len, device, self.store_dir)
+        server = mark_server()  # every engine process dies with this one (server/backends/engine_guard.py)
+        root = handover_root(self.config)
+        remove_stale_dirs(root)
+        self.store_dir = tempfile.mkdtemp(prefix=DIR_PREFIX + owner_tag(), dir=root)
+        kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], engine_len, device, self.store_dir, server)
         export_package_root()
         if device == "cpu":
             bind_cpu_workers(self.config.tensor_parallel_size)
@@ -222,6 +232,8 @@ class VllmBackend:
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in batch]
         try:
             outputs = self.llm.generate(prompts, self._sampling, use_tqdm=False)
+        except (ValueError, TypeError) as exc:  # vLLM's input validation: this input can only fail again
+            raise BackendError(f"vLLM rejected the input: {type(exc).__name__}: {exc}", retryable=False) from exc
         except Exception as exc:
             raise BackendError(f"vLLM generate failed: {type(exc).__name__}: {exc}") from exc
         if len(outputs) != len(batch):
