@@ -44,6 +44,7 @@ from client.errors import (
     status_error,
 )
 from client.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
+from client.protocol.limits import sample_id_problem
 from client.protocol.prepared import PreparedSample
 from client.sample import ExtractedSample
 from client.stream import StreamAssembler
@@ -107,6 +108,8 @@ def to_request_samples(samples: Iterable[Sample]) -> list[dict[str, Any]]:
     seen: set[str] = set()
     for index, sample in enumerate(samples):
         req = _request_sample(sample, index)
+        if (problem := sample_id_problem(req["id"])) is not None:
+            raise InvalidSampleError(f"sample {index}: {problem}")
         if req["id"] in seen:
             raise InvalidSampleError(f"sample {index}: duplicate sample id {req['id']!r}")
         seen.add(req["id"])

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from client.masking import ChatTokenizer
+from client.protocol.error_types import error_meta
 from client.protocol.frames import CODEC_NAMES
 from server.backends import Backend, BackendConfig, BackendInfo, make_backend
 from server.config import ServerSettings
@@ -36,12 +37,9 @@ logger = logging.getLogger(__name__)
 ABORT_GRACE_S = 5.0  # after the drain timeout: streams get this long to send their ERROR frame
 STOP_WAIT_S = 5.0  # stop(): the longest wait for a forward pass still running
 STATE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}  # per element of the backend's output
-DRAIN_ERROR = {
-    "type": "unavailable",
-    "reason": "draining",
-    "retryable": True,
-    "message": "server shut down before this request finished; retry the samples not received",
-}
+DRAIN_ERROR = error_meta(
+    "unavailable", "server shut down before this request finished; retry the samples not received", reason="draining"
+)
 
 
 def load_malloc_trim() -> Callable[[int], int] | None:

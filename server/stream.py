@@ -22,6 +22,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from client.codec import RawTensor, build_safetensors, encode_payload
+from client.protocol.error_types import error_meta
 from client.protocol.frames import CONTENT_TYPE, PROTOCOL_VERSION, Codec, Frame, FrameType, encode_frame
 from server.backends import BackendInfo
 from server.metrics import Metrics
@@ -178,7 +179,7 @@ class ExtractStream:
                 yield piece
         except Exception as exc:
             logger.exception("request %s: stream failed", req.request_id)
-            error = {"type": "internal", "message": f"server error while streaming: {exc}"[:500], "retryable": True}
+            error = error_meta("internal", f"server error while streaming: {exc}"[:500])
             yield self._frame(FrameType.ERROR, {"error": error, "completed_sample_ids": self.completed})
         finally:
             self.close()

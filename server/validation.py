@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from client.conversations import Message, RowError
 from client.masking import ChatTokenizer, TemplateError
+from client.protocol.limits import MAX_REQUEST_ID_BYTES, sample_id_bytes, sample_id_problem
 from server.errors import ApiError
 from server.scheduler import Sample
 
@@ -56,11 +57,19 @@ def check_samples(
     """Token ids per sample (messages tokenized with the server's chat template); raises ApiError."""
     out: list[Sample] = []
     seen: set[str] = set()
-    total = 0
+    total = id_bytes = 0
     for i, s in enumerate(req.samples):
         where = f"samples[{i}]"
-        if not s.id:
-            raise ApiError(400, f"{where}.id is empty", param=f"{where}.id")
+        if (problem := sample_id_problem(s.id)) is not None:
+            raise ApiError(400, f"{where}.id: {problem}", param=f"{where}.id")
+        id_bytes += sample_id_bytes(s.id)
+        if id_bytes > MAX_REQUEST_ID_BYTES:
+            raise ApiError(
+                400,
+                f"the sample ids of this request total over {MAX_REQUEST_ID_BYTES} bytes as JSON; "
+                "send fewer samples per request or shorter ids",
+                param="samples",
+            )
         if s.id in seen:
             raise ApiError(400, f"{where}.id {s.id!r} repeats an earlier sample id", param=f"{where}.id")
         seen.add(s.id)
