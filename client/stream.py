@@ -4,7 +4,12 @@ Checks, in order: the HEADER describes bf16 states of a known shape; every DATA 
 requested sample, decodes within its declared ``raw_bytes`` (bounded by the stream's
 ``max_payload_bytes``), holds exactly ``hidden_states BF16 [m, L, H]``, ``input_ids I32 [m]`` and
 ``loss_mask U8 [m]`` for its token range, and continues its sample where the last chunk stopped; the
-final chunk completes the sample at ``n_tokens``; token-id samples come back with the ids we sent.
+final chunk completes the sample at ``n_tokens``; token-id samples come back with the ids we sent;
+the HEADER's layer ids and hidden size equal ``/v1/info``'s when the caller knows them (``expect``);
+END's counts equal what was received and every requested sample was answered.
+
+Malformed meta from a buggy server (valid checksum, wrong shape) raises ``ProtocolError`` (the SDK
+turns it into a non-retryable ``StreamError``), never a bare ``ValueError``/``TypeError``.
 """
 
 from __future__ import annotations
@@ -14,16 +19,27 @@ from typing import Any
 import numpy as np
 
 from client.codec import decode_payload, parse_safetensors
-from client.errors import SampleFailure, StreamError
+from client.errors import IncompatibleError, SampleFailure, StreamError
 from client.protocol.frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameDecoder, FrameType, ProtocolError
 from client.sample import ExtractedSample
 
 RAW_SLACK_BYTES = 1 << 20  # a chunk's safetensors header on top of max_payload_bytes of tensor data
 
 
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
+
+
 class StreamAssembler:
-    def __init__(self, url: str, requests: list[dict[str, Any]], decoder: FrameDecoder | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        requests: list[dict[str, Any]],
+        decoder: FrameDecoder | None = None,
+        expect: dict[str, Any] | None = None,
+    ) -> None:
         self.url = url
+        self.expect = expect  # {aux_layer_ids, final_layer_id, hidden_size} from /v1/info, when known
+        self._counts = {"n_frames": 0, "n_samples": 0, "n_failed": 0, "n_tokens": 0}
         self.expected_ids = {r["id"]: r.get("input_ids") for r in requests}
         self.decoder = decoder
         self.header: dict[str, Any] | None = None
@@ -34,6 +50,22 @@ class StreamAssembler:
         self._done: set[str] = set()
 
     def handle(self, frame: Frame) -> list[ExtractedSample | SampleFailure]:
+        self._counts["n_frames"] = frame.seq + 1
+        try:
+            out = self._handle(frame)
+        except MALFORMED as exc:
+            raise self._fail(
+                f"frame {frame.seq} ({frame.type.name}): malformed meta ({type(exc).__name__}: {exc})"
+            ) from None
+        for item in out:
+            if isinstance(item, SampleFailure):
+                self._counts["n_failed"] += 1
+            else:
+                self._counts["n_samples"] += 1
+                self._counts["n_tokens"] += item.n_tokens
+        return out
+
+    def _handle(self, frame: Frame) -> list[ExtractedSample | SampleFailure]:
         if frame.type == FrameType.HEADER:
             self._on_header(frame.meta)
         elif frame.type == FrameType.DATA:
@@ -43,6 +75,8 @@ class StreamAssembler:
             return [self._on_sample_error(frame.meta)]
         elif frame.type == FrameType.ERROR:
             error = frame.meta.get("error") or {}
+            if not isinstance(error, dict):
+                raise self._fail(f"frame {frame.seq}: ERROR meta 'error' is not an object")
             completed = tuple(str(i) for i in frame.meta.get("completed_sample_ids", ()))
             raise StreamError(
                 f"{self.url}: server aborted the stream: {error.get('type', 'error')}: {error.get('message', '')}",
@@ -53,8 +87,18 @@ class StreamAssembler:
                 completed_sample_ids=completed,
             )
         elif frame.type == FrameType.END:
-            self.end = frame.meta
+            self._on_end(frame.meta)
         return []
+
+    def _on_end(self, meta: dict[str, Any]) -> None:
+        """END's counts must equal what this stream delivered, and every requested sample was answered."""
+        got = {name: int(meta[name]) for name in self._counts}
+        if got != self._counts:
+            raise self._fail(f"END counts {got} differ from what was received {self._counts}")
+        missing = set(self.expected_ids) - self._done
+        if missing:
+            raise self._fail(f"END before {len(missing)} requested sample(s), e.g. {sorted(missing)[0]!r}")
+        self.end = meta
 
     def _fail(self, message: str) -> ProtocolError:
         return ProtocolError(message)
@@ -70,6 +114,15 @@ class StreamAssembler:
             raise self._fail(f"HEADER dtype {meta.get('dtype')!r}; this client reads bfloat16")
         if meta.get("final_norm_applied"):
             raise self._fail("HEADER says final_norm_applied=true; EAGLE-3 needs the pre-norm final state")
+        if self.expect is not None:
+            got = {"aux_layer_ids": list(self.aux_layer_ids), "final_layer_id": self.final_layer_id,
+                   "hidden_size": self.hidden_size}  # fmt: skip
+            want = {k: (list(v) if k == "aux_layer_ids" else v) for k, v in self.expect.items() if k in got}
+            if any(got[k] != want[k] for k in want):
+                raise IncompatibleError(
+                    f"{self.url}: the stream's HEADER says {got}, /v1/info said {want}: the server changed "
+                    "between the two (another model behind the same URL?)"
+                )
         max_payload = int(meta.get("max_payload_bytes") or DEFAULT_MAX_PAYLOAD_BYTES)
         self.max_raw_bytes = min(max_payload, DEFAULT_MAX_PAYLOAD_BYTES) + RAW_SLACK_BYTES
         if self.decoder is not None:
@@ -124,6 +177,8 @@ class StreamAssembler:
         self._next_token.pop(sample_id, None)
         self._done.add(sample_id)
         error = meta.get("error") or {}
+        if not isinstance(error, dict):
+            raise self._fail(f"SAMPLE_ERROR for {sample_id!r}: 'error' is not an object")
         return SampleFailure(
             sample_id, str(error.get("type", "error")), str(error.get("message", "")), bool(error.get("retryable"))
         )

@@ -26,7 +26,7 @@ from typing import Any
 
 from client.masking import ChatTokenizer
 from client.protocol.error_types import error_meta
-from client.protocol.frames import CODEC_NAMES
+from client.protocol.frames import CODEC_NAMES, PROTOCOL_VERSION
 from server.backends import Backend, BackendConfig, BackendInfo, make_backend
 from server.config import ServerSettings
 from server.metrics import Metrics
@@ -159,7 +159,7 @@ class Runtime:
         info, s = self.info, self.settings
         assert info is not None
         return {
-            "protocol_version": 1,
+            "protocol_version": PROTOCOL_VERSION,
             "model_id": info.model_id,
             "revision": info.revision,
             "backend": info.backend,
