@@ -28,6 +28,7 @@ from client.masking import ChatTokenizer
 from client.protocol.error_types import error_meta
 from client.protocol.frames import CODEC_NAMES, PROTOCOL_VERSION
 from server.backends import Backend, BackendConfig, BackendInfo, make_backend
+from server.chat_limits import ChatLimits, chat_limits
 from server.config import ServerSettings
 from server.metrics import Metrics
 from server.scheduler import Scheduler, request_buffer_tokens
@@ -36,6 +37,8 @@ from server.warmup import warm_up
 logger = logging.getLogger(__name__)
 ABORT_GRACE_S = 5.0  # after the drain timeout: streams get this long to send their ERROR frame
 STOP_WAIT_S = 5.0  # stop(): the longest wait for a forward pass still running
+TOKENIZE_WORKERS = 2  # threads validating/tokenizing request bodies (never the event loop)
+TOKENIZE_QUEUE = 16  # requests validating or waiting for it at once; more get 503 overloaded
 STATE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}  # per element of the backend's output
 DRAIN_ERROR = error_meta(
     "unavailable", "server shut down before this request finished; retry the samples not received", reason="draining"
@@ -60,6 +63,9 @@ class Runtime:
         self.backend = backend
         self.info: BackendInfo | None = None
         self.chat: ChatTokenizer | None = None
+        self.chat_limits: ChatLimits | None = None
+        self.tokenize_pool = ThreadPoolExecutor(max_workers=TOKENIZE_WORKERS, thread_name_prefix="eagle3-tok")
+        self.tokenize_slots = threading.BoundedSemaphore(TOKENIZE_QUEUE)
         self.metrics = Metrics()
         self._malloc_trim = load_malloc_trim()
         self.scheduler = Scheduler(
@@ -110,6 +116,7 @@ class Runtime:
             info = self.backend.load(self._progress)
             self._progress("loading tokenizer", 0.96)
             self.chat = load_chat_tokenizer(info.model_dir)
+            self.chat_limits = chat_limits(self.chat, info.max_model_len) if self.chat is not None else None
             self.info = info
             bytes_per_token = info.n_layers_out * info.hidden_size * STATE_BYTES.get(info.dtype, 4)
             self.scheduler.max_buffered_tokens = request_buffer_tokens(
@@ -153,6 +160,7 @@ class Runtime:
         if self.backend is not None:
             self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     def describe(self) -> dict[str, Any]:
         """``/v1/info`` body (call only when loaded)."""

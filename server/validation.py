@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from client.conversations import Message, RowError
 from client.masking import ChatTokenizer, TemplateError
 from client.protocol.limits import MAX_REQUEST_ID_BYTES, sample_id_bytes, sample_id_problem
+from server.chat_limits import ChatLimits
 from server.errors import ApiError
 from server.scheduler import Sample
 
@@ -52,9 +53,18 @@ def parse_request(body: bytes) -> ExtractRequest:
 
 
 def check_samples(
-    req: ExtractRequest, *, vocab_size: int, max_model_len: int, max_request_tokens: int, chat: ChatTokenizer | None
+    req: ExtractRequest,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    max_request_tokens: int,
+    chat: ChatTokenizer | None,
+    chat_limits: ChatLimits | None = None,
 ) -> list[Sample]:
-    """Token ids per sample (messages tokenized with the server's chat template); raises ApiError."""
+    """Token ids per sample (messages tokenized with the server's chat template); raises ApiError.
+    ``chat_limits`` bound the chat input before any of it is rendered (server/chat_limits.py)."""
+    if chat_limits is not None:
+        check_chat_size(req, chat_limits, max_request_tokens)
     out: list[Sample] = []
     seen: set[str] = set()
     total = id_bytes = 0
@@ -105,6 +115,38 @@ def check_samples(
             param="samples",
         )
     return out
+
+
+def check_chat_size(req: ExtractRequest, limits: ChatLimits, max_request_tokens: int) -> None:
+    """400 for chat input that cannot fit the token caps, in O(messages), before any rendering."""
+    total = 0
+    for i, s in enumerate(req.samples):
+        if not s.messages:
+            continue
+        where = f"samples[{i}].messages"
+        if len(s.messages) > limits.max_messages:
+            raise ApiError(
+                400,
+                f"{where} has {len(s.messages)} messages; at most {limits.max_messages} fit max_model_len "
+                f"{limits.max_chars // limits.longest_token_chars} with this chat template: split the conversation",
+                param=where,
+            )
+        chars = sum(len(m.content) + len(m.role) for m in s.messages)
+        if chars > limits.max_chars:
+            raise ApiError(
+                400,
+                f"{where} has {chars} characters; more than {limits.max_chars} cannot fit max_model_len "
+                "tokens: shorten the conversation",
+                param=where,
+            )
+        total += chars
+    if total > limits.request_chars(max_request_tokens):
+        raise ApiError(
+            400,
+            f"the request's messages have {total} characters, more than its {max_request_tokens}-token cap "
+            "can hold; split it into several requests",
+            param="samples",
+        )
 
 
 def _tokens(s: SampleIn, where: str, chat: ChatTokenizer | None) -> tuple[list[int], list[int]]:
