@@ -45,6 +45,7 @@ from eagle3.client.errors import (
 )
 from eagle3.client.stream import StreamAssembler
 from eagle3.core.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
+from eagle3.core.protocol.limits import sample_id_problem
 from eagle3.core.protocol.prepared import PreparedSample
 from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
@@ -77,6 +78,8 @@ def to_request_samples(samples: Iterable[Sample]) -> list[dict[str, Any]]:
     seen: set[str] = set()
     for index, sample in enumerate(samples):
         req = _request_sample(sample, index)
+        if (problem := sample_id_problem(req["id"])) is not None:
+            raise InvalidSampleError(f"sample {index}: {problem}")
         if req["id"] in seen:
             raise InvalidSampleError(f"sample {index}: duplicate sample id {req['id']!r}")
         seen.add(req["id"])
@@ -146,6 +149,7 @@ class ExtractionClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else list(urls))]
+        self._layout: dict[str, dict[str, Any]] = {}  # url -> layer ids and hidden size its /v1/info said
         if not self.urls:
             raise ValueError("ExtractionClient needs at least one server URL")
         self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
@@ -176,7 +180,10 @@ class ExtractionClient:
     def info(self) -> ServerInfo:
         """``GET /v1/info`` of the current server (retried like any request)."""
         data = self._with_retries(lambda url: self._get_json(url, "/v1/info"))
-        return parse_server_info(data, self.url)
+        info = parse_server_info(data, self.url)
+        self._layout[self.url] = {"aux_layer_ids": list(info.aux_layer_ids), "final_layer_id": info.final_layer_id,
+                                  "hidden_size": info.hidden_size}  # fmt: skip
+        return info
 
     def ready(self) -> bool:
         """``GET /readyz`` of the current server: True when it is loaded and not draining."""
@@ -300,7 +307,7 @@ class ExtractionClient:
                 if not ctype.startswith(CONTENT_TYPE.split(";")[0]):
                     raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
                 decoder = FrameDecoder()
-                assembler = StreamAssembler(url, requests, decoder)
+                assembler = StreamAssembler(url, requests, decoder, expect=self._layout.get(url))
                 for chunk in resp.iter_raw():
                     self.wire_bytes += len(chunk)
                     for frame in decoder.feed(chunk):

@@ -4,7 +4,13 @@ Checks, in order: the HEADER describes bf16 states of a known shape; every DATA 
 requested sample, decodes within its declared ``raw_bytes`` (bounded by the stream's
 ``max_payload_bytes``), holds exactly ``hidden_states BF16 [m, L, H]``, ``input_ids I32 [m]`` and
 ``loss_mask U8 [m]`` for its token range, and continues its sample where the last chunk stopped; the
-final chunk completes the sample at ``n_tokens``; token-id samples come back with the ids we sent.
+final chunk completes the sample at ``n_tokens``; token-id samples come back with the ids we sent;
+the HEADER's layer ids and hidden size equal ``/v1/info``'s when the caller knows them (``expect``);
+END's counts equal what was received and every requested sample was answered.
+
+Every meta is read through its typed wire object (``eagle3.core.protocol.wire``): malformed meta from
+a buggy server (valid checksum, wrong shape) raises ``ProtocolError`` naming the field (the SDK turns it
+into a non-retryable ``StreamError``), never a bare ``ValueError``/``TypeError``.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from eagle3.client.errors import SampleFailure, StreamError
+from eagle3.client.errors import IncompatibleError, SampleFailure, StreamError
 from eagle3.core.codec import decode_payload, parse_safetensors
 from eagle3.core.protocol.frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameDecoder, FrameType, ProtocolError
 from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, SampleErrorMeta, StreamHeader
@@ -22,9 +28,20 @@ from eagle3.core.sample import ExtractedSample
 RAW_SLACK_BYTES = 1 << 20  # a chunk's safetensors header on top of max_payload_bytes of tensor data
 
 
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
+
+
 class StreamAssembler:
-    def __init__(self, url: str, requests: list[dict[str, Any]], decoder: FrameDecoder | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        requests: list[dict[str, Any]],
+        decoder: FrameDecoder | None = None,
+        expect: dict[str, Any] | None = None,
+    ) -> None:
         self.url = url
+        self.expect = expect  # {aux_layer_ids, final_layer_id, hidden_size} from /v1/info, when known
+        self._counts = {"n_frames": 0, "n_samples": 0, "n_failed": 0, "n_tokens": 0}
         self.expected_ids = {r["id"]: r.get("input_ids") for r in requests}
         self.decoder = decoder
         self.header: StreamHeader | None = None
@@ -33,10 +50,24 @@ class StreamAssembler:
         self._chunks: dict[str, list[tuple[Any, Any, Any]]] = {}  # sample id -> (hidden, ids, mask) so far
         self._next_token: dict[str, int] = {}
         self._done: set[str] = set()
-        self._n_delivered = 0
-        self._n_failed = 0
 
     def handle(self, frame: Frame) -> list[ExtractedSample | SampleFailure]:
+        self._counts["n_frames"] = frame.seq + 1
+        try:
+            out = self._handle(frame)
+        except MALFORMED as exc:
+            raise self._fail(
+                f"frame {frame.seq} ({frame.type.name}): malformed meta ({type(exc).__name__}: {exc})"
+            ) from None
+        for item in out:
+            if isinstance(item, SampleFailure):
+                self._counts["n_failed"] += 1
+            else:
+                self._counts["n_samples"] += 1
+                self._counts["n_tokens"] += item.n_tokens
+        return out
+
+    def _handle(self, frame: Frame) -> list[ExtractedSample | SampleFailure]:
         if frame.type == FrameType.HEADER:
             self._on_header(frame.meta)
         elif frame.type == FrameType.DATA:
@@ -60,23 +91,36 @@ class StreamAssembler:
         return []
 
     def _on_end(self, end: EndMeta) -> None:
-        """END's counts must match what this stream delivered (a sample dropped on the way is caught here)."""
-        got = (self._n_delivered, self._n_failed)
-        if (end.n_samples, end.n_failed) != got:
-            raise ProtocolError(
-                f"END counts {end.n_samples} samples + {end.n_failed} failed, received {got[0]} + {got[1]}"
-            )
+        """END's counts must equal what this stream delivered, and every requested sample was answered."""
+        got = {name: getattr(end, name) for name in self._counts}
+        if got != self._counts:
+            raise self._fail(f"END counts {got} differ from what was received {self._counts}")
+        missing = set(self.expected_ids) - self._done
+        if missing:
+            raise self._fail(f"END before {len(missing)} requested sample(s), e.g. {sorted(missing)[0]!r}")
         self.end = end
+
+    def _fail(self, message: str) -> ProtocolError:
+        return ProtocolError(message)
 
     def _on_header(self, meta: dict[str, Any]) -> None:
         header = StreamHeader.from_dict(meta)
-        if header.dtype != "bfloat16":
-            raise ProtocolError(f"HEADER dtype {header.dtype!r}; this client reads bfloat16")
-        if header.final_norm_applied:
-            raise ProtocolError("HEADER says final_norm_applied=true; EAGLE-3 needs the pre-norm final state")
         self.aux_layer_ids = header.aux_layer_ids
         self.final_layer_id = header.final_layer_id
         self.hidden_size = header.hidden_size
+        if header.dtype != "bfloat16":
+            raise self._fail(f"HEADER dtype {header.dtype!r}; this client reads bfloat16")
+        if header.final_norm_applied:
+            raise self._fail("HEADER says final_norm_applied=true; EAGLE-3 needs the pre-norm final state")
+        if self.expect is not None:
+            got = {"aux_layer_ids": list(self.aux_layer_ids), "final_layer_id": self.final_layer_id,
+                   "hidden_size": self.hidden_size}  # fmt: skip
+            want = {k: (list(v) if k == "aux_layer_ids" else v) for k, v in self.expect.items() if k in got}
+            if any(got[k] != want[k] for k in want):
+                raise IncompatibleError(
+                    f"{self.url}: the stream's HEADER says {got}, /v1/info said {want}: the server changed "
+                    "between the two (another model behind the same URL?)"
+                )
         self.max_raw_bytes = min(header.max_payload_bytes, DEFAULT_MAX_PAYLOAD_BYTES) + RAW_SLACK_BYTES
         if self.decoder is not None:
             self.decoder.max_payload_bytes = self.max_raw_bytes  # compressed is never larger than raw+slack
@@ -84,21 +128,20 @@ class StreamAssembler:
 
     def _on_data(self, frame: Frame) -> ExtractedSample | None:
         if self.header is None:
-            raise ProtocolError("DATA frame before HEADER")
+            raise self._fail("DATA frame before HEADER")
         try:
             meta = DataMeta.from_dict(frame.meta)
         except ProtocolError as exc:
-            raise ProtocolError(f"frame {frame.seq}: {exc}") from None
+            raise self._fail(f"frame {frame.seq}: {exc}") from None
         sample_id, start, end, n_total = meta.sample_id, meta.token_start, meta.token_end, meta.n_tokens
         final, raw_bytes = meta.final, meta.raw_bytes
         if sample_id not in self.expected_ids or sample_id in self._done:
-            raise ProtocolError(f"frame {frame.seq}: sample {sample_id!r} was not requested or came twice")
+            raise self._fail(f"frame {frame.seq}: sample {sample_id!r} was not requested or came twice")
         if start != self._next_token.get(sample_id, 0) or not start < end <= n_total or final != (end == n_total):
-            raise ProtocolError(
-                f"frame {frame.seq}: sample {sample_id!r} chunk {start}:{end} of {n_total} out of order"
-            )
+            where = f"frame {frame.seq}: sample {sample_id!r}"
+            raise self._fail(f"{where} chunk {start}:{end} of {n_total} out of order")
         if not 0 < raw_bytes <= self.max_raw_bytes:
-            raise ProtocolError(f"frame {frame.seq}: raw_bytes {raw_bytes} over the {self.max_raw_bytes} bound")
+            raise self._fail(f"frame {frame.seq}: raw_bytes {raw_bytes} over the {self.max_raw_bytes} bound")
         tensors, _ = parse_safetensors(decode_payload(frame.payload, frame.codec, raw_bytes))
         n = end - start
         n_layers = len(self.aux_layer_ids) + 1
@@ -108,7 +151,7 @@ class StreamAssembler:
             got = tensors.get(name)
             if got is None or got.dtype != dtype or got.shape != shape:
                 found = None if got is None else f"{got.dtype} {list(got.shape)}"
-                raise ProtocolError(f"frame {frame.seq}: {name} is {found}, expected {dtype} {list(shape)}")
+                raise self._fail(f"frame {frame.seq}: {name} is {found}, expected {dtype} {list(shape)}")
         parts = (tensors["hidden_states"].numpy(), tensors["input_ids"].numpy(), tensors["loss_mask"].numpy())
         self._next_token[sample_id] = end
         if not final:
@@ -118,19 +161,17 @@ class StreamAssembler:
         hidden, ids, mask = (c[0] if len(chunks) == 1 else np.concatenate(c) for c in zip(*chunks, strict=True))
         expected = self.expected_ids[sample_id]
         if expected is not None and (len(expected) != n_total or not np.array_equal(ids, expected)):
-            raise ProtocolError(f"sample {sample_id!r}: the server returned other input_ids than were sent")
+            raise self._fail(f"sample {sample_id!r}: the server returned other input_ids than were sent")
         self._done.add(sample_id)
         self._next_token.pop(sample_id)
-        self._n_delivered += 1
         return ExtractedSample(sample_id, ids, mask, hidden, self.aux_layer_ids, self.final_layer_id)
 
     def _on_sample_error(self, raw: dict[str, Any]) -> SampleFailure:
         meta = SampleErrorMeta.from_dict(raw)
         sample_id = meta.sample_id
         if sample_id not in self.expected_ids or sample_id in self._done:
-            raise ProtocolError(f"SAMPLE_ERROR for {sample_id!r}, which was not requested or already done")
+            raise self._fail(f"SAMPLE_ERROR for {sample_id!r}, which was not requested or already done")
         self._chunks.pop(sample_id, None)
         self._next_token.pop(sample_id, None)
         self._done.add(sample_id)
-        self._n_failed += 1
         return SampleFailure(sample_id, meta.error.type, meta.error.message, meta.error.retryable)

@@ -95,7 +95,8 @@ def add_knob_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         elif k.repeat:
             parser.add_argument(flag_name(f), action="append", metavar=_metavar(f), **common)
         else:
-            kind_arg: dict[str, Any] = {"type": kind} if kind in (int, float) and k.parse is None else {}
+            number = float if k.scale != 1 else kind  # a scaled flag (MiB of a bytes field) takes fractions
+            kind_arg: dict[str, Any] = {"type": number} if kind in (int, float) and k.parse is None else {}
             parser.add_argument(
                 flag_name(f), choices=k.choices, metavar=None if k.choices else _metavar(f), **kind_arg, **common
             )

@@ -8,6 +8,7 @@ load (in a thread, so the port answers probes at once) and stops it. Auth guards
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import html
 import logging
@@ -202,14 +203,24 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
         assert rt.info is not None
         body = await read_body(request, settings.max_body_bytes)
         parsed = parse_request(body)
-        samples = await asyncio.to_thread(
+        check = functools.partial(
             check_samples,
             parsed,
             vocab_size=rt.info.vocab_size,
             max_model_len=rt.info.max_model_len,
             max_request_tokens=settings.request_token_cap,
             chat=rt.chat,
+            chat_limits=rt.chat_limits,
         )
+        if not rt.tokenize_slots.acquire(blocking=False):  # bounded: a flood waits in no unbounded queue
+            rt.metrics.inc("eagle3_rejections_total", reason="overloaded")
+            raise ApiError(
+                503, "too many requests being validated; retry shortly", reason="overloaded", retry_after_s=1
+            )
+        try:
+            samples = await asyncio.get_running_loop().run_in_executor(rt.tokenize_pool, check)
+        finally:
+            rt.tokenize_slots.release()
         if (err := unavailable(rt)) is not None:  # it may have started draining meanwhile
             raise err
         request_id = request.state.request_id

@@ -1,4 +1,5 @@
-"""The one JSON error envelope every non-2xx response carries (docs/protocol.md, "Errors")."""
+"""The one JSON error envelope every non-2xx response carries (docs/protocol.md, "Errors"); its
+``x-should-retry`` header comes from the error-type table (core/protocol/error_types.py)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-DEFAULT_TYPES = {
-    400: "invalid_request",
-    401: "unauthorized",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-    429: "rate_limited",
-    503: "unavailable",
-    500: "internal",
-}
+from eagle3.core.protocol.error_types import default_type, is_retryable
 
 
 class ApiError(Exception):
@@ -31,14 +23,14 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.type = type_ or DEFAULT_TYPES.get(status, "internal" if status >= 500 else "invalid_request")
+        self.type = type_ or default_type(status)
         self.message = message
         self.param = param
         self.reason = reason
         self.retry_after_s = retry_after_s
 
     def response(self, request_id: str | None = None) -> JSONResponse:
-        retryable = self.status in (408, 429) or self.status >= 500
+        retryable = is_retryable(self.type, self.status)  # core/protocol/error_types.py: the one table
         headers = {"x-should-retry": "true" if retryable else "false"}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(self.retry_after_s)

@@ -25,8 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from eagle3.core.masking import ChatTokenizer
+from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.wire import CODECS, ServerInfo
 from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_backend
+from eagle3.server.chat_limits import ChatLimits, chat_limits
 from eagle3.server.config import ServerSettings
 from eagle3.server.metrics import Metrics
 from eagle3.server.scheduler import Scheduler, request_buffer_tokens
@@ -35,13 +37,12 @@ from eagle3.server.warmup import warm_up
 logger = logging.getLogger(__name__)
 ABORT_GRACE_S = 5.0  # after the drain timeout: streams get this long to send their ERROR frame
 STOP_WAIT_S = 5.0  # stop(): the longest wait for a forward pass still running
+TOKENIZE_WORKERS = 2  # threads validating/tokenizing request bodies (never the event loop)
+TOKENIZE_QUEUE = 16  # requests validating or waiting for it at once; more get 503 overloaded
 STATE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}  # per element of the backend's output
-DRAIN_ERROR = {
-    "type": "unavailable",
-    "reason": "draining",
-    "retryable": True,
-    "message": "server shut down before this request finished; retry the samples not received",
-}
+DRAIN_ERROR = error_meta(
+    "unavailable", "server shut down before this request finished; retry the samples not received", reason="draining"
+)
 
 
 def load_malloc_trim() -> Callable[[int], int] | None:
@@ -62,6 +63,9 @@ class Runtime:
         self.backend = backend
         self.info: BackendInfo | None = None
         self.chat: ChatTokenizer | None = None
+        self.chat_limits: ChatLimits | None = None
+        self.tokenize_pool = ThreadPoolExecutor(max_workers=TOKENIZE_WORKERS, thread_name_prefix="eagle3-tok")
+        self.tokenize_slots = threading.BoundedSemaphore(TOKENIZE_QUEUE)
         self.metrics = Metrics()
         self._malloc_trim = load_malloc_trim()
         self.scheduler = Scheduler(
@@ -113,6 +117,7 @@ class Runtime:
             info = self.backend.load(self._progress)
             self._progress("loading tokenizer", 0.96)
             self.chat = load_chat_tokenizer(info.model_dir)
+            self.chat_limits = chat_limits(self.chat, info.max_model_len) if self.chat is not None else None
             self.info = info
             bytes_per_token = info.n_layers_out * info.hidden_size * STATE_BYTES.get(info.dtype, 4)
             self.scheduler.max_buffered_tokens = request_buffer_tokens(
@@ -156,6 +161,7 @@ class Runtime:
         if self.backend is not None:
             self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     def describe(self) -> ServerInfo:
         """``/v1/info`` (call only when loaded)."""

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3.core.protocol.error_types import error_meta
 from eagle3.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,13 @@ def request_buffer_tokens(max_batch_tokens: int, bytes_per_token: int, max_buffe
     could never fill a pass)."""
     by_bytes = max_buffer_bytes // max(1, bytes_per_token)
     return max(max_batch_tokens, min(2 * max_batch_tokens, by_bytes))
+
+
+def sample_error(exc: Exception) -> dict[str, Any]:
+    """A SAMPLE_ERROR's ``error`` for the engine's failure on one sample alone: ``invalid_sample``
+    (deterministic) when the backend says the input was rejected, else ``backend_error`` (retryable)."""
+    type_ = "backend_error" if getattr(exc, "retryable", True) else "invalid_sample"
+    return error_meta(type_, f"{type(exc).__name__}: {exc}"[:500])
 
 
 class AdmissionError(Exception):
@@ -344,4 +352,4 @@ class Scheduler:
             if len(samples) > 1:
                 return [out for s in samples for out in self._extract_isolating([s])]
             logger.exception("backend failed on sample %r", samples[0].sample_id)
-            return [(None, {"type": "backend_error", "message": str(exc)[:500], "retryable": True})]
+            return [(None, sample_error(exc))]

@@ -22,6 +22,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
+from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import CONTENT_TYPE, Codec, Frame, FrameType, encode_frame
 from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, ErrorInfo, SampleErrorMeta, StreamHeader
 from eagle3.server.backends import BackendInfo
@@ -170,7 +171,7 @@ class ExtractStream:
                 yield piece
         except Exception as exc:
             logger.exception("request %s: stream failed", req.request_id)
-            error = ErrorInfo("internal", f"server error while streaming: {exc}"[:500], retryable=True)
+            error = ErrorInfo.from_dict(error_meta("internal", f"server error while streaming: {exc}"[:500]))
             yield self._frame(FrameType.ERROR, AbortMeta(error, tuple(self.completed)).to_dict())
         finally:
             self.close()

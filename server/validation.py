@@ -7,7 +7,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from eagle3.core.conversations import Message, RowError
 from eagle3.core.masking import ChatTokenizer, TemplateError
+from eagle3.core.protocol.limits import MAX_REQUEST_ID_BYTES, sample_id_bytes, sample_id_problem
 from eagle3.core.protocol.wire import CODECS
+from eagle3.server.chat_limits import ChatLimits
 from eagle3.server.errors import ApiError
 from eagle3.server.scheduler import Sample
 
@@ -57,16 +59,33 @@ def parse_request(body: bytes) -> ExtractRequest:
 
 
 def check_samples(
-    req: ExtractRequest, *, vocab_size: int, max_model_len: int, max_request_tokens: int, chat: ChatTokenizer | None
+    req: ExtractRequest,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    max_request_tokens: int,
+    chat: ChatTokenizer | None,
+    chat_limits: ChatLimits | None = None,
 ) -> list[Sample]:
-    """Token ids per sample (messages tokenized with the server's chat template); raises ApiError."""
+    """Token ids per sample (messages tokenized with the server's chat template); raises ApiError.
+    ``chat_limits`` bound the chat input before any of it is rendered (server/chat_limits.py)."""
+    if chat_limits is not None:
+        check_chat_size(req, chat_limits, max_request_tokens)
     out: list[Sample] = []
     seen: set[str] = set()
-    total = 0
+    total = id_bytes = 0
     for i, s in enumerate(req.samples):
         where = f"samples[{i}]"
-        if not s.id:
-            raise ApiError(400, f"{where}.id is empty", param=f"{where}.id")
+        if (problem := sample_id_problem(s.id)) is not None:
+            raise ApiError(400, f"{where}.id: {problem}", param=f"{where}.id")
+        id_bytes += sample_id_bytes(s.id)
+        if id_bytes > MAX_REQUEST_ID_BYTES:
+            raise ApiError(
+                400,
+                f"the sample ids of this request total over {MAX_REQUEST_ID_BYTES} bytes as JSON; "
+                "send fewer samples per request or shorter ids",
+                param="samples",
+            )
         if s.id in seen:
             raise ApiError(400, f"{where}.id {s.id!r} repeats an earlier sample id", param=f"{where}.id")
         seen.add(s.id)
@@ -102,6 +121,38 @@ def check_samples(
             param="samples",
         )
     return out
+
+
+def check_chat_size(req: ExtractRequest, limits: ChatLimits, max_request_tokens: int) -> None:
+    """400 for chat input that cannot fit the token caps, in O(messages), before any rendering."""
+    total = 0
+    for i, s in enumerate(req.samples):
+        if not s.messages:
+            continue
+        where = f"samples[{i}].messages"
+        if len(s.messages) > limits.max_messages:
+            raise ApiError(
+                400,
+                f"{where} has {len(s.messages)} messages; at most {limits.max_messages} fit max_model_len "
+                f"{limits.max_chars // limits.longest_token_chars} with this chat template: split the conversation",
+                param=where,
+            )
+        chars = sum(len(m.content) + len(m.role) for m in s.messages)
+        if chars > limits.max_chars:
+            raise ApiError(
+                400,
+                f"{where} has {chars} characters; more than {limits.max_chars} cannot fit max_model_len "
+                "tokens: shorten the conversation",
+                param=where,
+            )
+        total += chars
+    if total > limits.request_chars(max_request_tokens):
+        raise ApiError(
+            400,
+            f"the request's messages have {total} characters, more than its {max_request_tokens}-token cap "
+            "can hold; split it into several requests",
+            param="samples",
+        )
 
 
 def _tokens(s: SampleIn, where: str, chat: ChatTokenizer | None) -> tuple[list[int], list[int]]:

@@ -6,19 +6,22 @@ Every frame is a 32-byte little-endian fixed header, ``meta_len`` bytes of UTF-8
 ``payload_len`` bytes of payload::
 
     offset size field
-    0      4    magic        b"E3F" + protocol version byte (0x01)
+    0      4    magic        b"E3F" + protocol version byte (0x02)
     4      1    type         FrameType
     5      1    codec        Codec of the payload (NONE for frames without payload)
     6      2    flags        reserved, 0
     8      4    seq          u32, 0 for HEADER, +1 per frame
     12     4    meta_len     u32, <= MAX_META_BYTES
     16     8    payload_len  u64, <= the decoder's max_payload_bytes
-    24     4    crc32        zlib.crc32 over meta || payload, as sent on the wire
+    24     4    crc32        zlib.crc32 over header[0:24] || header[28:32] || meta || payload
     28     4    reserved     0
 
+The checksum covers every byte of the frame but its own four (version 2; version 1 left the header
+out, so one flipped bit in a length or a seq could turn a delivered sample into a failure).
 Invariants enforced by ``FrameDecoder`` *before* it allocates or parses anything: magic and version,
-known type and codec, ``seq`` strictly +1, both lengths within bounds; then the checksum. The payload
-codec (zstd, byte-plane shuffle) lives in ``eagle3.core.codec``: this module only moves bytes.
+known type and codec, flags and reserved 0, ``seq`` strictly +1, both lengths within bounds; then the
+checksum, before the meta is parsed. The payload codec (zstd, byte-plane shuffle) lives in
+``eagle3.core.codec``: this module only moves bytes.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAGIC = b"E3F" + bytes([PROTOCOL_VERSION])
-CONTENT_TYPE = "application/x-eagle3-frames; version=1"
+CONTENT_TYPE = f"application/x-eagle3-frames; version={PROTOCOL_VERSION}"
 FIXED_HEADER = struct.Struct("<4sBBHIIQII")  # magic type codec flags seq meta_len payload_len crc32 reserved
 FIXED_HEADER_BYTES = FIXED_HEADER.size  # 32
+CRC_OFFSET = 24  # the checksum's own bytes, [24, 28), are the only ones it does not cover
 MAX_META_BYTES = 1 << 20  # 1 MiB of JSON
 DEFAULT_MAX_PAYLOAD_BYTES = 256 << 20  # 256 MiB per frame (the server chunks longer samples)
 
@@ -88,9 +92,19 @@ def encode_frame(frame: Frame) -> bytes:
     meta = json.dumps(frame.meta, separators=(",", ":")).encode()
     if len(meta) > MAX_META_BYTES:
         raise ProtocolError(f"frame meta is {len(meta)} bytes, over the {MAX_META_BYTES} limit")
-    crc = zlib.crc32(frame.payload, zlib.crc32(meta))
-    head = FIXED_HEADER.pack(MAGIC, frame.type, frame.codec, 0, frame.seq, len(meta), len(frame.payload), crc, 0)
+    head = bytearray(
+        FIXED_HEADER.pack(MAGIC, frame.type, frame.codec, 0, frame.seq, len(meta), len(frame.payload), 0, 0)
+    )
+    crc = frame_crc(head, meta, frame.payload)
+    head[CRC_OFFSET : CRC_OFFSET + 4] = crc.to_bytes(4, "little")
     return b"".join((head, meta, frame.payload))
+
+
+def frame_crc(head: bytes | bytearray | memoryview, meta: bytes | memoryview, payload: bytes | memoryview) -> int:
+    """CRC-32 of a frame: its fixed header without the checksum field, then meta, then payload."""
+    crc = zlib.crc32(head[:CRC_OFFSET])
+    crc = zlib.crc32(head[CRC_OFFSET + 4 : FIXED_HEADER_BYTES], crc)
+    return zlib.crc32(payload, zlib.crc32(meta, crc))
 
 
 class FrameDecoder:
@@ -105,6 +119,7 @@ class FrameDecoder:
         self._buf = bytearray()
         self._next_seq = 0
         self._pending: tuple[int, int, int, int, int, int] | None = None  # type codec seq meta_len payload_len crc
+        self._pending_head = b""  # the pending frame's fixed header bytes (checksummed with its body)
         self.finished = False  # a terminal frame was seen
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> list[Frame]:
@@ -127,7 +142,7 @@ class FrameDecoder:
                     break
                 meta_end = offset + meta_len
                 with view[offset:meta_end] as meta_view, view[meta_end : meta_end + payload_len] as payload_view:
-                    if zlib.crc32(payload_view, zlib.crc32(meta_view)) != crc:
+                    if frame_crc(self._pending_head, meta_view, payload_view) != crc:
                         raise ProtocolError(f"frame {seq}: checksum mismatch")
                     meta_bytes, payload = meta_view.tobytes(), payload_view.tobytes()
                 offset = meta_end + payload_len
@@ -159,7 +174,10 @@ class FrameDecoder:
             raise TruncatedStreamError("stream ended without an END or ERROR frame")
 
     def _parse_header(self, offset: int) -> tuple[int, int, int, int, int, int]:
-        magic, ftype, codec, _flags, seq, meta_len, payload_len, crc, _ = FIXED_HEADER.unpack_from(self._buf, offset)
+        magic, ftype, codec, flags, seq, meta_len, payload_len, crc, reserved = FIXED_HEADER.unpack_from(
+            self._buf, offset
+        )
+        self._pending_head = bytes(self._buf[offset : offset + FIXED_HEADER_BYTES])
         if magic[:3] != MAGIC[:3]:
             raise ProtocolError(f"bad frame magic {magic!r} (not an eagle3 frame stream)")
         if magic[3] != PROTOCOL_VERSION:
@@ -168,6 +186,8 @@ class FrameDecoder:
             raise ProtocolError(f"frame {seq}: unknown frame type {ftype}")
         if codec not in Codec.__members__.values():
             raise ProtocolError(f"frame {seq}: unknown codec {codec}")
+        if flags or reserved:
+            raise ProtocolError(f"frame {seq}: reserved header fields are not 0 (flags {flags}, reserved {reserved})")
         if seq != self._next_seq:
             raise ProtocolError(f"frame sequence jumped from {self._next_seq - 1} to {seq}")
         if seq == 0 and ftype not in (FrameType.HEADER, FrameType.ERROR):

@@ -30,7 +30,13 @@ ProgressCallback = Callable[[str, float], None]  # (phase, fraction in [0, 1])
 
 
 class BackendError(RuntimeError):
-    """The engine failed on a batch (not the caller's fault)."""
+    """The engine failed on a batch. ``retryable=False`` when the engine rejected the input itself
+    (the same sample can only fail again: a SAMPLE_ERROR ``invalid_sample``); True for faults of the
+    engine (``backend_error``; core/protocol/error_types.py)."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ Every returned sample is checked before it leaves: its token ids equal the reque
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import logging
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 
 from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
+from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_tag, remove_stale_dirs
 from eagle3.server.backends.hf import DTYPES
 from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
@@ -60,9 +62,11 @@ OWNED_ENGINE_ARGS = ("model", "skip_tokenizer_init", "speculative_config", "kv_t
 
 
 def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], max_model_len: int, device: str,
-                  store_dir: str, known_fields: set[str] | None = None) -> dict[str, Any]:  # fmt: skip
+                  store_dir: str, known_fields: set[str] | None = None,
+                  server: str = "") -> dict[str, Any]:  # fmt: skip
     """``vllm.LLM`` keyword arguments for this config (pure: no engine is started). ``known_fields``:
-    the names vLLM's ``EngineArgs`` accepts (pass-through arguments are checked against them)."""
+    the names vLLM's ``EngineArgs`` accepts (pass-through arguments are checked against them); ``server``
+    is the ``engine_guard.ServerIdentity`` that arms the orphan watchdog in the engine's spawned processes."""
     opts = config.vllm
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
@@ -86,7 +90,7 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
             "kv_connector": CONNECTOR_NAME,
             "kv_connector_module_path": CONNECTOR_MODULE,
             "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": store_dir},
+            "kv_connector_extra_config": {"shared_storage_path": store_dir, "eagle3_server": server},
         },
     }
     kv_cache_gib = opts.kv_cache_gib
@@ -171,8 +175,14 @@ class VllmBackend:
     def load(self, progress: ProgressCallback) -> BackendInfo:
         started = time.monotonic()
         ckpt = open_checkpoint(self.config, progress)
-        model_dir, aux, n_layers, max_model_len = ckpt.model_dir, ckpt.aux_layer_ids, ckpt.num_hidden_layers, \
-            ckpt.max_model_len  # fmt: skip
+        model_dir, aux, n_layers = ckpt.model_dir, ckpt.aux_layer_ids, ckpt.num_hidden_layers
+        max_len = int(getattr(ckpt.text, "max_position_embeddings", 0) or 0)
+        # vLLM's max_model_len counts the one token generate() makes: a prompt of exactly that length is
+        # rejected. The engine gets one more position when the model has it; the longest sample served
+        # (advertised as max_model_len in /v1/info, the SDK's pre-check) is one less than the engine's.
+        engine_len = min(ckpt.max_model_len + 1, max_len) if max_len else ckpt.max_model_len + 1
+        max_model_len = engine_len - 1
+        ckpt = dataclasses.replace(ckpt, max_model_len=max_model_len)
 
         progress("importing vllm", 0.02)
         import vllm
@@ -186,9 +196,12 @@ class VllmBackend:
             )
         self._load_hidden_states, self._cleanup_hidden_states = stock.load_hidden_states, stock.cleanup_hidden_states
         self._sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-        self.store_dir = tempfile.mkdtemp(prefix="eagle3-vllm-hs-", dir=handover_root(self.config))
-        kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], max_model_len, device, self.store_dir,
-                               engine_arg_fields())  # fmt: skip
+        server = mark_server()  # every engine process dies with this one (server/backends/engine_guard.py)
+        root = handover_root(self.config)
+        remove_stale_dirs(root)
+        self.store_dir = tempfile.mkdtemp(prefix=DIR_PREFIX + owner_tag(), dir=root)
+        kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], engine_len, device, self.store_dir,
+                               engine_arg_fields(), server)  # fmt: skip
         export_package_root()
         if device == "cpu":
             bind_cpu_workers(self.config.tensor_parallel_size)
@@ -222,6 +235,8 @@ class VllmBackend:
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in batch]
         try:
             outputs = self.llm.generate(prompts, self._sampling, use_tqdm=False)
+        except (ValueError, TypeError) as exc:  # vLLM's input validation: this input can only fail again
+            raise BackendError(f"vLLM rejected the input: {type(exc).__name__}: {exc}", retryable=False) from exc
         except Exception as exc:
             raise BackendError(f"vLLM generate failed: {type(exc).__name__}: {exc}") from exc
         if len(outputs) != len(batch):

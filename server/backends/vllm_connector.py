@@ -38,6 +38,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
+from eagle3.server.backends import engine_guard
+
+engine_guard.arm()  # in vLLM's engine/worker processes: die with the server (a no-op in the server)
+
 CONNECTOR_NAME = "Eagle3HiddenStatesConnector"
 CONNECTOR_MODULE = "eagle3.server.backends.vllm_connector"
 

@@ -166,3 +166,39 @@ def assemble(frames: list[Frame]) -> dict[str, dict[str, np.ndarray[Any, Any]]]:
             position = end
         out[sample_id] = {k: np.concatenate([c[2][k] for c in chunks]) for k in chunks[0][2]}
     return out
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """Every live descendant of ``pid`` as ``(pid, start time)`` (from ``/proc``; zombies excluded)."""
+    from eagle3.server.backends.engine_guard import start_time
+
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        started = start_time(child)
+        if started is not None:
+            out.append((child, started))
+        todo.extend(children.get(child, []))
+    return out
+
+
+def wait_gone(processes: list[tuple[int, str]], timeout_s: float) -> list[tuple[int, str]]:
+    """Wait until none of ``processes`` (from ``descendants``) runs; those still running at the timeout."""
+    from eagle3.server.backends.engine_guard import start_time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [(p, s) for p, s in processes if start_time(p) == s]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)

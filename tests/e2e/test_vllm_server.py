@@ -86,3 +86,22 @@ def test_concurrent_requests_equal_transformers(server: LiveServer) -> None:
         ref = reference_states(model, tuple(info["aux_layer_ids"]), sample["input_ids"])[:, :4]
         errors = rel_l2(states, ref)
         assert bool((errors < 1e-2).all()), f"{sample['id']}: rel L2 per layer {errors.tolist()}"
+
+
+def test_a_sample_of_the_advertised_max_model_len_is_served_and_one_more_is_a_400(server: LiveServer) -> None:
+    """vLLM rejects a prompt of exactly its own max_model_len (it counts the generated token); the
+    server gives the engine one more position and advertises the longest sample it really serves."""
+    from tests.e2e.live_server import assemble, iter_frames
+
+    info = httpx.get(f"{server.url}/v1/info", headers=server.headers()).json()
+    longest = int(info["max_model_len"])
+    assert longest == 511  # the tiny model's 512 positions, one left for the generated token
+    body = {"samples": [{"id": "longest", "input_ids": [7] * longest}]}
+    with httpx.stream("POST", f"{server.url}/v1/extract", json=body, headers=server.headers(), timeout=300) as resp:
+        assert resp.status_code == 200
+        frames = list(iter_frames(resp))
+    assert frames[-1].type.name == "END" and frames[-1].meta["n_failed"] == 0, frames[-1].meta
+    assert assemble(frames)["longest"]["input_ids"].shape == (longest,)
+    over = {"samples": [{"id": "over", "input_ids": [7] * (longest + 1)}]}
+    resp = httpx.post(f"{server.url}/v1/extract", json=over, headers=server.headers(), timeout=60)
+    assert resp.status_code == 400 and resp.headers["x-should-retry"] == "false", resp.text

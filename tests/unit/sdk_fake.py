@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 
 from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
-from eagle3.core.protocol.frames import CONTENT_TYPE, Codec, Frame, FrameType, encode_frame
+from eagle3.core.protocol.frames import CONTENT_TYPE, PROTOCOL_VERSION, Codec, Frame, FrameType, encode_frame
 
 HIDDEN = 16
 AUX = (1, 2)
@@ -83,7 +83,8 @@ class FakeServer:
         self.requests: list[dict[str, Any]] = []  # /v1/extract bodies, in call order
         self.on_call = on_call
         self.info: dict[str, Any] = {
-            "protocol_version": 1, "model_id": "fake-llama", "revision": "r1", "backend": "fake", "device": "cpu",
+            "protocol_version": PROTOCOL_VERSION, "model_id": "fake-llama", "revision": "r1", "backend": "fake",
+            "device": "cpu",
             "dtype": "bfloat16", "num_hidden_layers": FINAL, "aux_layer_ids": list(AUX), "final_layer_id": FINAL,
             "final_norm_applied": False, "hidden_size": HIDDEN, "vocab_size": 256, "max_model_len": 4096,
             "tokenizer_sha256": TOKENIZER_SHA, "codecs": ["zstd+planes", "zstd+shuffle", "zstd", "none"],
@@ -126,13 +127,14 @@ class FakeServer:
             seq += 1
 
         n_layers = len(AUX) + 1
-        put(FrameType.HEADER, {"protocol": 1, "request_id": "r", "model_id": "fake-llama", "revision": "r1",
+        put(FrameType.HEADER, {"protocol": PROTOCOL_VERSION, "request_id": "r", "model_id": "fake-llama",
+                               "revision": "r1",
                                "aux_layer_ids": list(AUX), "final_layer_id": FINAL, "final_norm_applied": False,
                                "dtype": "bfloat16", "hidden_size": HIDDEN, "vocab_size": 256,
                                "tokenizer_sha256": TOKENIZER_SHA, "n_samples": len(samples), "n_tokens": 0,
                                "max_payload_bytes": self.max_payload_bytes})  # fmt: skip
         rows_per_chunk = max(1, self.max_payload_bytes // (n_layers * HIDDEN * 2))
-        n_data = 0
+        n_data = n_tokens = 0
         for index, sample in enumerate(samples):
             if call.truncate_after_samples is not None and index >= call.truncate_after_samples:
                 if call.abort is not None:
@@ -148,6 +150,7 @@ class FakeServer:
                 ids, mask = sample["input_ids"], sample.get("loss_mask") or [0] * len(sample["input_ids"])
             hidden = expected_hidden(ids)
             n = len(ids)
+            n_tokens += n
             for start in range(0, n, rows_per_chunk):
                 end = min(n, start + rows_per_chunk)
                 raw = blob(hidden[start:end], np.asarray(ids[start:end]), np.asarray(mask[start:end]))
@@ -164,5 +167,5 @@ class FakeServer:
             return b"".join(out)
         n_failed = sum(s["id"] in call.fail_ids for s in samples)
         put(FrameType.END, {"n_frames": seq + 1, "n_samples": len(samples) - n_failed, "n_failed": n_failed,
-                            "n_tokens": 0, "payload_bytes": 0, "raw_bytes": 0})  # fmt: skip
+                            "n_tokens": n_tokens, "payload_bytes": 0, "raw_bytes": 0})  # fmt: skip
         return b"".join(out)

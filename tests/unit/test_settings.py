@@ -53,6 +53,7 @@ def test_precedence_flag_over_env_over_config_over_default(tmp_path: Path) -> No
     assert s.max_batch_tokens == 2048  # env over file
     assert s.max_inflight_tokens == 99999  # file over default
     assert s.max_body_bytes == 3 << 20  # MiB in the file, as the flag
+    assert settings(["--max-payload-mb", "0.5"]).max_payload_bytes == 1 << 19  # fractions of a MiB
     assert s.heartbeat_s == 7.0  # flag over env over file
     assert settings(["--config", str(cfg)]).max_batch_tokens == 1024
     as_json = tmp_path / "serve.json"
