@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from eagle3.models import DEFAULT_MODEL, is_embedded_name, resolve_model_dir
+from server.backends.dummy_model import is_dummy
 from server.config import ServerSettings, SettingsError, default_tensor_parallel_size, parse_api_keys
 
 
@@ -24,7 +25,15 @@ def add_serve_command(sub: Any) -> None:
         description="Load the verifier once and serve /v1/extract to every user.",
     )
     p.add_argument("--model", default=DEFAULT_MODEL, help="local HF checkpoint dir or the embedded default's name")
-    p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto", help="auto: vllm if importable")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "hf", "vllm", "synthetic"),
+        default="auto",
+        help="auto: vllm if importable; synthetic: no model, random states for benchmarks and tests only",
+    )
+    p.add_argument("--synthetic-hidden-size", type=int, default=ServerSettings.synthetic_hidden_size)
+    p.add_argument("--synthetic-num-layers", type=int, default=ServerSettings.synthetic_num_hidden_layers)
+    p.add_argument("--encoder-threads", type=int, default=None, help="threads that encode frames (default: CPUs)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stderr)")
     p.add_argument("--aux-layer-ids", default=None, help="comma-separated, default 2,N//2,N-3")
@@ -100,6 +109,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         heartbeat_s=args.heartbeat_s,
         log_level=args.log_level,
         default_codec=args.default_codec,
+        synthetic_hidden_size=args.synthetic_hidden_size,
+        synthetic_num_hidden_layers=args.synthetic_num_layers,
+        encoder_threads=args.encoder_threads,
     )
 
 
@@ -115,7 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
     for name, value in KERNEL_CACHE_ENV.items():
         os.environ.setdefault(name, value)  # the operator's own setting wins
     settings = settings_from_args(args)
-    if not is_embedded_name(settings.model):
+    if not is_embedded_name(settings.model) and not is_dummy(settings.model):
         resolve_model_dir(settings.model)  # fail fast on a bad --model (the embedded one converts in the background)
     from server.serve import serve
 

@@ -16,7 +16,7 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class ServerSettings:
     model: str = DEFAULT_MODEL
-    backend: str = "auto"  # auto | hf | vllm
+    backend: str = "auto"  # auto | hf | vllm | synthetic (benchmarks and tests only)
     host: str = "127.0.0.1"
     port: int = 8000
     aux_layer_ids: tuple[int, ...] | None = None  # None: (2, N // 2, N - 3)
@@ -40,6 +40,9 @@ class ServerSettings:
     default_codec: str = "zstd+planes"
     stream_chunk_bytes: int = 2 << 20  # bytes per HTTP body write (research: 1-4 MB is fastest)
     request_buffer_bytes: int = 256 << 20  # states one request may hold unstreamed (server/scheduler.py)
+    synthetic_hidden_size: int = 4096  # synthetic backend only: the states' hidden size
+    synthetic_num_hidden_layers: int = 32  # synthetic backend only: N (aux ids default to 2, N//2, N-3)
+    encoder_threads: int | None = None  # None: one per CPU core (server/runtime.py)
 
     def __post_init__(self) -> None:
         positive = (
@@ -58,8 +61,10 @@ class ServerSettings:
                 raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.heartbeat_s <= 0 or self.drain_timeout_s < 0:
             raise SettingsError("--heartbeat-s must be > 0 and --drain-timeout-s >= 0")
-        if self.backend not in ("auto", "hf", "vllm"):
-            raise SettingsError(f"--backend must be auto, hf or vllm, got {self.backend!r}")
+        if self.backend not in ("auto", "hf", "vllm", "synthetic"):
+            raise SettingsError(f"--backend must be auto, hf, vllm or synthetic, got {self.backend!r}")
+        if self.encoder_threads is not None and self.encoder_threads <= 0:
+            raise SettingsError(f"--encoder-threads must be positive, got {self.encoder_threads}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise SettingsError(f"--kv-cache-gib must be positive, got {self.kv_cache_gib}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
@@ -77,6 +82,9 @@ class ServerSettings:
             extra["gpu_memory_utilization"] = str(self.gpu_memory_utilization)
         if self.vllm_compile:
             extra["compile"] = "1"
+        if self.backend == "synthetic":
+            extra["hidden_size"] = str(self.synthetic_hidden_size)
+            extra["num_hidden_layers"] = str(self.synthetic_num_hidden_layers)
         return extra
 
     @property

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from client.prepare import tokenizer_sha256
-from eagle3.models import resolve_model_dir
+from eagle3.models import DEFAULT_MODEL, resolve_model_dir
 from server.backends.base import (
     BackendConfig,
     BackendError,
@@ -42,6 +42,7 @@ from server.backends.base import (
     check_aux_layer_ids,
     default_aux_layer_ids,
 )
+from server.backends.dummy_model import build_dummy_model, dummy_revision, is_dummy
 
 logger = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -73,17 +74,25 @@ class HfBackend:
 
         started = time.monotonic()
         progress("resolving model", 0.0)
-        model_dir = resolve_model_dir(self.config.model)
+        dummy = is_dummy(self.config.model)
+        model_dir = resolve_model_dir(DEFAULT_MODEL if dummy else self.config.model)  # dummy: the tokenizer's
         device = self.config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise BackendError("--device cuda but torch sees no CUDA device")
-        hf_config = AutoConfig.from_pretrained(model_dir)
+        progress("loading weights", 0.1)
+        if dummy:  # random weights of a named shape, made on the device (server/backends/dummy_model.py)
+            vocab_size = int(AutoConfig.from_pretrained(model_dir).vocab_size)
+            model, hf_config = build_dummy_model(self.config.model, vocab_size, DTYPES[self.config.dtype], device)
+            revision = dummy_revision(self.config.model, vocab_size)
+        else:  # on CUDA straight to the device (device_map): no full copy of the checkpoint in host memory
+            hf_config = AutoConfig.from_pretrained(model_dir)
+            placement = {"device_map": device} if device != "cpu" else {}
+            model = AutoModel.from_pretrained(model_dir, dtype=DTYPES[self.config.dtype], **placement)  # no lm_head
+            revision = checkpoint_revision(model_dir)
         n_layers = int(hf_config.num_hidden_layers)
         aux = check_aux_layer_ids(self.config.aux_layer_ids or default_aux_layer_ids(n_layers), n_layers)
-        progress("loading weights", 0.1)
-        model = AutoModel.from_pretrained(model_dir, dtype=DTYPES[self.config.dtype])  # base model: no lm_head
         self.model = model.to(device).eval().requires_grad_(False)
         self.device = torch.device(device)
         self._install_hooks(aux, n_layers)
@@ -92,8 +101,8 @@ class HfBackend:
         if max_len and max_model_len > max_len:
             raise BackendError(f"--max-model-len {max_model_len} exceeds the model's {max_len}")
         self.info = BackendInfo(
-            model_id=os.path.basename(os.path.normpath(model_dir)),
-            revision=checkpoint_revision(model_dir),
+            model_id=self.config.model if dummy else os.path.basename(os.path.normpath(model_dir)),
+            revision=revision,
             model_dir=str(model_dir),
             num_hidden_layers=n_layers,
             hidden_size=int(hf_config.hidden_size),

@@ -1,0 +1,102 @@
+"""The ``synthetic`` backend (deterministic states at memory speed; never ``auto``; ``/v1/info`` says so)
+and ``--model dummy:<shape>`` on the hf backend (random weights of a named shape, no checkpoint)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from client.codec import decode_payload, parse_safetensors
+from client.protocol.frames import FrameDecoder, FrameType
+from server.app import create_app
+from server.backends import BackendConfig, make_backend, resolve_backend_name
+from server.backends.dummy_model import DUMMY_SHAPES, dummy_shape
+from server.backends.hf import HfBackend
+from server.backends.synthetic import POOL_ROWS, SyntheticBackend
+from server.config import ServerSettings, SettingsError
+
+
+def loaded_synthetic(smollm2_dir: Path, hidden: int = 32, layers: int = 8) -> SyntheticBackend:
+    config = BackendConfig(model=str(smollm2_dir), extra={"hidden_size": str(hidden), "num_hidden_layers": str(layers)})
+    backend = SyntheticBackend(config)
+    backend.load(lambda _p, _f: None)
+    return backend
+
+
+def test_synthetic_states_are_deterministic_batched_equals_single_and_position_dependent(smollm2_dir: Path) -> None:
+    backend = loaded_synthetic(smollm2_dir)
+    assert backend.info is not None and backend.info.aux_layer_ids == (2, 4, 5)
+    a, b = [5, 6, 7, 5, 5], list(range(100, 300))
+    packed = backend.extract([a, b])
+    alone = [backend.extract([a])[0], backend.extract([b])[0]]
+    for got, want, ids in zip(packed, alone, (a, b), strict=True):
+        assert got.dtype == torch.bfloat16 and got.is_contiguous() and tuple(got.shape) == (len(ids), 4, 32)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    # the same token at other positions gets other rows; another load with the same seed: the same bits
+    assert not torch.equal(packed[0][0], packed[0][3])
+    again = loaded_synthetic(smollm2_dir)
+    assert torch.equal(again.extract([b])[0].view(torch.int16), packed[1].view(torch.int16))
+    # realistic activations for the codecs: finite, spread like N(0, 3)
+    values = backend.pool.float() if backend.pool is not None else torch.zeros(1)
+    assert values.shape[0] == POOL_ROWS and torch.isfinite(values).all() and 2.5 < values.std().item() < 3.5
+
+
+def test_synthetic_is_never_auto_and_rejects_bad_shapes(smollm2_dir: Path) -> None:
+    assert resolve_backend_name("auto") in ("hf", "vllm")
+    assert make_backend("synthetic", BackendConfig(model=str(smollm2_dir))).name == "synthetic"
+    with pytest.raises(Exception, match="hidden_size must be positive"):
+        SyntheticBackend(BackendConfig(model=str(smollm2_dir), extra={"hidden_size": "0"}))
+    with pytest.raises(SettingsError, match="synthetic"):
+        ServerSettings(backend="nope")
+
+
+def test_synthetic_server_info_says_benchmark_only_and_streams_its_exact_states(smollm2_dir: Path) -> None:
+    settings = ServerSettings(
+        model=str(smollm2_dir),
+        backend="synthetic",
+        synthetic_hidden_size=64,
+        synthetic_num_hidden_layers=8,
+        max_batch_tokens=512,
+        heartbeat_s=0.2,
+    )
+    reference = loaded_synthetic(smollm2_dir, hidden=64, layers=8)
+    ids = [[1, 2, 3, 4], list(range(7, 300))]
+    with TestClient(create_app(settings)) as client:
+        for _ in range(600):
+            if client.get("/readyz").status_code == 200:
+                break
+            import time
+
+            time.sleep(0.05)
+        info = client.get("/v1/info").json()
+        assert info["backend"] == "synthetic" and info["benchmark_only"] is True
+        assert info["hidden_size"] == 64 and info["num_hidden_layers"] == 8
+        body = {"samples": [{"id": str(i), "input_ids": s} for i, s in enumerate(ids)], "codec": "zstd+planes"}
+        resp = client.post("/v1/extract", json=body)
+        frames = FrameDecoder().feed(resp.content)
+    data = [f for f in frames if f.type == FrameType.DATA]
+    assert frames[-1].type == FrameType.END and len(data) == 2
+    for frame in data:
+        raw = decode_payload(frame.payload, frame.codec, frame.meta["raw_bytes"])
+        hidden = parse_safetensors(raw)[0]["hidden_states"].numpy()
+        want = reference.extract([ids[int(frame.meta["sample_id"])]])[0].view(torch.int16).numpy()
+        assert (hidden.view("<i2") == want).all()
+
+
+def test_dummy_model_builds_a_named_shape_with_seeded_random_weights(smollm2_dir: Path) -> None:
+    assert dummy_shape("dummy:llama-3.1-8b")[1] == DUMMY_SHAPES["llama-3.1-8b"]
+    with pytest.raises(ValueError, match="unknown dummy shape"):
+        dummy_shape("dummy:gpt-9")
+    config = BackendConfig(model="dummy:tiny", max_batch_tokens=256, device="cpu")
+    one, two = HfBackend(config), HfBackend(config)
+    info = one.load(lambda _p, _f: None)
+    two.load(lambda _p, _f: None)
+    assert info.model_id == "dummy:tiny" and info.hidden_size == 64 and info.num_hidden_layers == 8
+    assert info.vocab_size == 49152 and info.model_dir == str(smollm2_dir)  # SmolLM2's tokenizer
+    assert {p.dtype for p in one.model.parameters()} == {torch.bfloat16}
+    states = one.extract([[1, 2, 3], list(range(50))])
+    assert [tuple(s.shape) for s in states] == [(3, 4, 64), (50, 4, 64)]
+    assert torch.equal(states[1], two.extract([list(range(50))])[0])  # same seed: same weights
