@@ -18,8 +18,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from client.errors import APIConnectionError, APIError, APIStatusError, Eagle3Error, SampleFailure, StreamError
+from client.errors import APIError, Eagle3Error, SampleFailure
 from client.protocol.prepared import PreparedSample
+from client.retry import server_failure
 from client.sample import ExtractedSample
 from client.sdk import ExtractionClient
 
@@ -168,15 +169,12 @@ class ServerWorker(threading.Thread):
 
     def _server_failed(self, exc: APIError) -> bool:
         """A failure that another server (or this one, later) may not have; False: fatal for the run."""
-        overloaded = isinstance(exc, APIStatusError) and exc.status_code in (429, 503)
-        if not (isinstance(exc, APIConnectionError) or overloaded or ExtractionClient._should_retry(exc)):
-            return False
-        if isinstance(exc, StreamError) and not exc.retryable:
+        failure = server_failure(exc)
+        if not failure.requeue:
             return False
         self.last_error = exc
-        retry_after = getattr(exc, "retry_after_s", None)
-        if overloaded and retry_after is not None:
-            delay_s = min(float(retry_after), BACKOFF_CAP_S)  # busy, not broken: wait, do not count
+        if failure.busy:  # busy, not broken: wait, do not count
+            delay_s = min(float(getattr(exc, "retry_after_s", 0.0) or 0.0), BACKOFF_CAP_S)
         else:
             self.failures += 1
             if self.failures > self.max_failures:

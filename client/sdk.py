@@ -10,9 +10,10 @@ Wire: ``POST /v1/extract`` answers with a frame stream (``client/protocol/frames
 are decoded with ``client.codec`` (size bound from the frame meta) and chunks of a long sample are
 reassembled in token order (``client/stream.py``).
 
-Retries (openai-python's policy): connection errors, timeouts, 429, 503, 5xx and truncated or
-retryable-ERROR streams are retried up to ``max_retries`` times, sleeping ``Retry-After`` (capped at
-``max_retry_after_s``) or an exponential backoff with jitter; ``x-should-retry`` overrides the status.
+Retries (``client/retry.py``, shared with the dataset workers): connection errors, timeouts, 429, 503,
+5xx and truncated or retryable-ERROR streams are retried up to ``max_retries`` times, sleeping
+``Retry-After`` (capped at ``max_retry_after_s``) or an exponential backoff with jitter;
+``x-should-retry`` overrides the status.
 A retry sends only the samples not received yet, and the budget starts again whenever a sample
 arrives, so a long stream that breaks now and then still finishes. Connection failures move on to
 the next URL of the list.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -45,6 +45,7 @@ from client.errors import (
 )
 from client.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
 from client.protocol.prepared import PreparedSample
+from client.retry import MAX_RETRY_AFTER_S, retry_delay_s, should_retry
 from client.sample import ExtractedSample
 from client.stream import StreamAssembler
 
@@ -53,9 +54,6 @@ logger = logging.getLogger(__name__)
 API_KEY_ENV = "EAGLE3_API_KEY"
 DEFAULT_TIMEOUT_S = 120.0  # per read: the server sends a heartbeat every 10 s while it works
 DEFAULT_MAX_RETRIES = 5
-INITIAL_RETRY_DELAY_S = 0.5
-MAX_RETRY_DELAY_S = 16.0
-MAX_RETRY_AFTER_S = 60.0
 
 Sample = Any  # list[int] | {"input_ids", "loss_mask"?, "id"?} | {"messages", "id"?} | list[message] | PreparedSample
 Outcome = ExtractedSample | SampleFailure
@@ -305,7 +303,7 @@ class ExtractionClient:
             except APIError as exc:
                 if received:
                     retries_left, attempt = self.max_retries, 0  # progress: the budget starts again
-                if not self._should_retry(exc) or retries_left <= 0:
+                if not should_retry(exc) or retries_left <= 0:
                     if retryable_failures and set(pending) == set(retryable_failures):
                         for sample_id in list(pending):  # out of retries: report, do not raise
                             del pending[sample_id]
@@ -379,28 +377,14 @@ class ExtractionClient:
             try:
                 return call(self.url)
             except APIError as exc:
-                if not self._should_retry(exc) or attempt >= self.max_retries:
+                if not should_retry(exc) or attempt >= self.max_retries:
                     raise
                 self._before_retry(exc, attempt, 0)
                 attempt += 1
 
-    @staticmethod
-    def _should_retry(exc: APIError) -> bool:
-        if isinstance(exc, APIStatusError):
-            if exc.should_retry is not None:
-                return exc.should_retry
-            return exc.status_code in (408, 409, 429) or exc.status_code >= 500
-        if isinstance(exc, StreamError):
-            return exc.retryable
-        return isinstance(exc, APIConnectionError)
-
     def retry_delay_s(self, exc: APIError, attempt: int) -> float:
-        """Retry-After when the server sent one (capped), else 0.5 s * 2^attempt (max 16 s) with jitter."""
-        retry_after = getattr(exc, "retry_after_s", None)
-        if retry_after is not None:
-            return float(min(retry_after, self.max_retry_after_s))
-        backoff = min(INITIAL_RETRY_DELAY_S * 2.0**attempt, MAX_RETRY_DELAY_S)
-        return backoff * (1.0 - 0.25 * random.random())  # noqa: S311 - jitter, not crypto
+        """Retry-After when the server sent one (capped), else exponential backoff (``client/retry.py``)."""
+        return retry_delay_s(exc, attempt, self.max_retry_after_s)
 
     def _before_retry(self, exc: APIError, attempt: int, n_pending: int) -> None:
         delay_s = self.retry_delay_s(exc, attempt)
