@@ -64,8 +64,12 @@ def add_serve_command(sub: Any) -> None:
         help="hidden states one request may hold computed but unsent (a slow reader pauses only itself)",
     )
     p.add_argument(
-        "--default-codec", choices=("zstd+planes", "zstd+shuffle", "zstd", "none"), default=ServerSettings.default_codec
+        "--default-codec",
+        choices=("auto", "zstd+planes", "zstd+shuffle", "zstd", "none"),
+        default=ServerSettings.default_codec,
+        help="auto: none to a client on this host, zstd+planes when the encoders outrun --link-mb-s",
     )
+    p.add_argument("--link-mb-s", type=float, default=ServerSettings.link_mb_s, help="codec auto: network MB/s")
     p.add_argument("--api-key", action="append", default=[], help="repeatable; tenant names key-1, key-2, ...")
     p.add_argument("--api-keys-file", default=None, help="lines 'tenant: key' or a JSON object {tenant: key}")
     p.add_argument("--drain-timeout-s", type=float, default=30.0)
@@ -109,6 +113,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         heartbeat_s=args.heartbeat_s,
         log_level=args.log_level,
         default_codec=args.default_codec,
+        link_mb_s=args.link_mb_s,
         synthetic_hidden_size=args.synthetic_hidden_size,
         synthetic_num_hidden_layers=args.synthetic_num_layers,
         encoder_threads=args.encoder_threads,

@@ -37,7 +37,8 @@ class ServerSettings:
     drain_timeout_s: float = 30.0
     heartbeat_s: float = 10.0
     log_level: str = "info"
-    default_codec: str = "zstd+planes"
+    default_codec: str = "auto"  # auto: none to this host, zstd+planes when the link is the limit
+    link_mb_s: float = 1250.0  # codec auto: the network's rate (10 Gb/s); server/codec_choice.py
     stream_chunk_bytes: int = 2 << 20  # bytes per HTTP body write (research: 1-4 MB is fastest)
     request_buffer_bytes: int = 256 << 20  # states one request may hold unstreamed (server/scheduler.py)
     synthetic_hidden_size: int = 4096  # synthetic backend only: the states' hidden size
@@ -69,6 +70,8 @@ class ServerSettings:
             raise SettingsError(f"--kv-cache-gib must be positive, got {self.kv_cache_gib}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise SettingsError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.link_mb_s <= 0:
+            raise SettingsError(f"--link-mb-s must be positive, got {self.link_mb_s}")
         if self.dtype not in ("bfloat16", "float32"):
             raise SettingsError(f"--dtype must be bfloat16 or float32, got {self.dtype!r}")
 

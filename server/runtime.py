@@ -25,8 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from client.masking import ChatTokenizer
-from client.protocol.frames import CODEC_NAMES
+from client.protocol.frames import Codec
 from server.backends import Backend, BackendConfig, BackendInfo, make_backend
+from server.codec_choice import CODEC_CHOICES, choose_codec, measure_encode_mb_s
 from server.config import ServerSettings
 from server.metrics import Metrics
 from server.scheduler import Scheduler, request_buffer_tokens
@@ -83,6 +84,7 @@ class Runtime:
         self.metrics.gauges = self.scheduler.gauges
         self.encoder_threads = settings.encoder_threads or encoder_threads_for_host()
         self.executor = ThreadPoolExecutor(max_workers=self.encoder_threads, thread_name_prefix="eagle3-enc")
+        self.encode_mb_s_per_core = 0.0  # zstd+planes, one thread (server/codec_choice.py)
         self.status = "loading"  # loading | ready | failed | draining
         self.phase = "starting"
         self.progress = 0.0
@@ -92,7 +94,9 @@ class Runtime:
 
     def _extract(self, batch: Any) -> Any:
         assert self.backend is not None
+        started = time.perf_counter()
         states = self.backend.extract(batch)
+        self.metrics.inc("eagle3_stage_seconds_total", time.perf_counter() - started, stage="forward")
         if self._malloc_trim is not None:
             self._malloc_trim(0)
         return states
@@ -128,6 +132,8 @@ class Runtime:
                 s.max_batch_tokens, bytes_per_token, s.request_buffer_bytes
             )
             self.scheduler.start()
+            self._progress("measuring the encoder", 0.97)
+            self.encode_mb_s_per_core = measure_encode_mb_s()
             self._progress("warming up the request path", 0.98)
             timings = warm_up(self)
             logger.info("warm-up: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
@@ -166,6 +172,10 @@ class Runtime:
             self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    def codec_for(self, name: str, peer: str | None) -> Codec:
+        """The codec of one request (``name``: the request's or the server's default; ``auto`` decides)."""
+        return choose_codec(name, peer, self.encode_mb_s_per_core, self.encoder_threads, self.settings.link_mb_s)
+
     def describe(self) -> dict[str, Any]:
         """``/v1/info`` body (call only when loaded)."""
         info, s = self.info, self.settings
@@ -187,8 +197,13 @@ class Runtime:
             "tokenizer_sha256": info.tokenizer_sha256,
             "chat_template": self.chat is not None,
             "benchmark_only": info.backend == "synthetic",  # synthetic states, not a model's
-            "codecs": list(CODEC_NAMES),
+            "codecs": list(CODEC_CHOICES),
             "default_codec": s.default_codec,
+            "codec_auto": {
+                "encode_mb_s_per_core": round(self.encode_mb_s_per_core, 1),
+                "encoder_threads": self.encoder_threads,
+                "link_mb_s": s.link_mb_s,
+            },
             "limits": {
                 "max_batch_tokens": s.max_batch_tokens,
                 "max_request_tokens": s.request_token_cap,

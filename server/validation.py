@@ -30,7 +30,7 @@ class SampleIn(BaseModel):
 class ExtractRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     samples: list[SampleIn] = Field(min_length=1)
-    codec: Literal["zstd+planes", "zstd+shuffle", "zstd", "none"] | None = None
+    codec: Literal["auto", "zstd+planes", "zstd+shuffle", "zstd", "none"] | None = None
     zstd_level: StrictInt = Field(default=1, ge=1, le=19)
 
 

@@ -27,8 +27,11 @@ import enum
 import json
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+Buffer = bytes | bytearray | memoryview  # anything zlib.crc32 and a socket write take
 
 PROTOCOL_VERSION = 1
 MAGIC = b"E3F" + bytes([PROTOCOL_VERSION])
@@ -79,18 +82,30 @@ class Frame:
     type: FrameType
     seq: int
     meta: dict[str, Any] = field(default_factory=dict)
-    payload: bytes = b""
+    payload: Buffer = b""
     codec: Codec = Codec.NONE
+
+
+def frame_head(
+    ftype: FrameType, seq: int, meta: dict[str, Any], payload_parts: Sequence[Buffer] = (), codec: Codec = Codec.NONE
+) -> bytes:
+    """Fixed header + meta of a frame whose payload is ``payload_parts`` concatenated. The parts are
+    not copied: the caller writes them right after the head (the server streams big tensors this way)."""
+    meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
+    if len(meta_bytes) > MAX_META_BYTES:
+        raise ProtocolError(f"frame meta is {len(meta_bytes)} bytes, over the {MAX_META_BYTES} limit")
+    crc = zlib.crc32(meta_bytes)
+    payload_len = 0
+    for part in payload_parts:
+        crc = zlib.crc32(part, crc)
+        payload_len += memoryview(part).nbytes
+    head = FIXED_HEADER.pack(MAGIC, ftype, codec, 0, seq, len(meta_bytes), payload_len, crc, 0)
+    return head + meta_bytes
 
 
 def encode_frame(frame: Frame) -> bytes:
     """Serialize one frame (header + meta + payload) into a single bytes object."""
-    meta = json.dumps(frame.meta, separators=(",", ":")).encode()
-    if len(meta) > MAX_META_BYTES:
-        raise ProtocolError(f"frame meta is {len(meta)} bytes, over the {MAX_META_BYTES} limit")
-    crc = zlib.crc32(frame.payload, zlib.crc32(meta))
-    head = FIXED_HEADER.pack(MAGIC, frame.type, frame.codec, 0, frame.seq, len(meta), len(frame.payload), crc, 0)
-    return b"".join((head, meta, frame.payload))
+    return b"".join((frame_head(frame.type, frame.seq, frame.meta, (frame.payload,), frame.codec), frame.payload))
 
 
 class FrameDecoder:
