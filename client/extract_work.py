@@ -1,6 +1,7 @@
 """The parts of ``extract_dataset`` that run concurrently: a shared batch queue, a byte budget, workers.
 
-One ``ServerWorker`` thread per server URL pulls disjoint request batches from ``BatchSource``
+``requests_per_server`` ``ServerWorker`` threads per server URL (each its own connection, so the
+server computes one request while the client decodes another) pull disjoint request batches from ``BatchSource``
 (requeued leftovers first, then new batches cut from the prepared file on demand, so the dataset is
 never held in memory) and hands finished samples to the writer through a bounded queue: a worker
 blocks on ``ByteBudget`` when the writer falls behind, which stops it reading its stream and lets TCP

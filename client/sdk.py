@@ -180,6 +180,9 @@ class ExtractionClient:
         self.max_retries = max_retries
         self.max_retry_after_s = max_retry_after_s
         self.wire_bytes = 0  # bytes of frame streams received (all calls; read it for MB/s)
+        # seconds per client stage, all calls: receive (waiting on the socket), verify (framing + checksums),
+        # decode (codec + safetensors + reassembly); bench/serving.py reads them
+        self.stage_s = {"receive": 0.0, "verify": 0.0, "decode": 0.0}
         self._sleep = sleep
         self._url_index = 0
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
@@ -329,10 +332,23 @@ class ExtractionClient:
                     raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
                 decoder = FrameDecoder()
                 assembler = StreamAssembler(url, requests, decoder)
-                for chunk in resp.iter_raw():
+                stage = self.stage_s
+                chunks = resp.iter_raw()  # the transport's own reads: re-chunking would copy
+                while True:
+                    started = time.perf_counter()
+                    chunk = next(chunks, None)
+                    received = time.perf_counter()
+                    stage["receive"] += received - started
+                    if chunk is None:
+                        break
                     self.wire_bytes += len(chunk)
-                    for frame in decoder.feed(chunk):
-                        yield from assembler.handle(frame)
+                    frames = decoder.feed(chunk)
+                    stage["verify"] += time.perf_counter() - received
+                    for frame in frames:  # each frame's samples go out before the next frame can raise
+                        started = time.perf_counter()
+                        outcomes = assembler.handle(frame)
+                        stage["decode"] += time.perf_counter() - started
+                        yield from outcomes
                 decoder.close()
         except TruncatedStreamError as exc:
             raise StreamError(f"{url}: truncated stream ({exc})", url=url, request_id=request_id) from None
