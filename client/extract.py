@@ -52,7 +52,7 @@ class ExtractConfig:
     max_retries: int = DEFAULT_MAX_RETRIES  # failures in a row before a server is given up
     timeout_s: float = DEFAULT_TIMEOUT_S
     limit: int | None = None  # only the first N prepared samples
-    verify: bool = False  # sha256 of every recorded shard before resuming
+    verify: bool = False  # checksum (xxh3-128, or sha256 in old manifests) of every recorded shard first
     check_disk: bool = True
     wait_ready_s: float = 0.0  # wait this long for a loading server before failing
     progress: bool | None = None  # None: when stderr is a terminal

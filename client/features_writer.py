@@ -3,10 +3,10 @@
 Samples accumulate in one shard buffer (about ``shard_mb``; a single larger sample gets a shard of
 its own); a full buffer becomes ``shards/.<name>.<uuid>.tmp`` (safetensors via
 ``client.codec.build_safetensors``), is fsynced, renamed to its final name, the directory fsynced,
-and only then one manifest line (with the file's sha256) is appended and fsynced. So at any instant
-the manifest lists complete shards only; what a crash leaves behind is an orphan file or a torn last
-manifest line, and ``open`` cleans both up. A full disk raises ``FeaturesWriteError`` with the
-manifest as it was.
+and only then one manifest line (with the file's xxh3-128, computed while writing) is appended and
+fsynced. So at any instant the manifest lists complete shards only; what a crash leaves behind is an
+orphan file or a torn last manifest line, and ``open`` cleans both up. A full disk raises
+``FeaturesWriteError`` with the manifest as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from client.codec import RawTensor, build_safetensors
 from client.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
@@ -109,8 +110,8 @@ class FeaturesWriter:
                     f"{path}: listed in {MANIFEST_FILE} with {record.bytes} bytes but {found}; "
                     "the directory is damaged (move the shard back or start a new --out)"
                 )
-            if verify and sha256_file(path) != record.sha256:
-                raise FeaturesFormatError(f"{path}: sha256 differs from {MANIFEST_FILE} (corrupt shard)")
+            if verify and not shard_checksum_ok(path, record):
+                raise FeaturesFormatError(f"{path}: checksum differs from {MANIFEST_FILE} (corrupt shard)")
             duplicate = self.done_ids.intersection(record.sample_ids)
             if duplicate:
                 raise FeaturesFormatError(f"{MANIFEST_FILE}: sample {sorted(duplicate)[0]!r} recorded twice")
@@ -201,7 +202,7 @@ class FeaturesWriter:
         name = f"shard-{len(self.records):06d}-{uuid.uuid4().hex[:12]}.safetensors"
         size, digest = self._write_shard(name, build_safetensors(tensors, metadata))
         record = ShardRecord(
-            name, tuple(ids), tuple(n_tokens), size, digest, self.meta.model_id, self.meta.aux_layer_ids
+            name, tuple(ids), tuple(n_tokens), size, "", self.meta.model_id, self.meta.aux_layer_ids, xxh3_128=digest
         )
         self._append_manifest(record)
         self.records.append(record)
@@ -214,13 +215,13 @@ class FeaturesWriter:
     def _write_shard(self, name: str, chunks: list[bytes | memoryview]) -> tuple[int, str]:
         final = self.dir / SHARDS_DIR / name
         tmp = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.tmp")
-        sha = hashlib.sha256()
+        digest = xxhash.xxh3_128()
         size = 0
         try:
             with open(tmp, "wb") as fh:
                 for chunk in chunks:
                     fh.write(chunk)
-                    sha.update(chunk)
+                    digest.update(chunk)
                     size += len(chunk)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -229,7 +230,7 @@ class FeaturesWriter:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise _write_error(exc, self.dir, f"writing shard {name}", len(self.records)) from None
-        return size, sha.hexdigest()
+        return size, digest.hexdigest()
 
     def _append_manifest(self, record: ShardRecord) -> None:
         path = self.dir / MANIFEST_FILE
@@ -256,6 +257,21 @@ class FeaturesWriter:
         for sample_id in self._sample_ids:
             self.done_ids.discard(sample_id)
         self._reset_buffer()
+
+
+def shard_checksum_ok(path: Path, record: ShardRecord) -> bool:
+    """The file matches its manifest checksum: xxh3_128 when recorded, else (older manifests) sha256."""
+    if record.xxh3_128:
+        return xxh3_file(path) == record.xxh3_128
+    return sha256_file(path) == record.sha256
+
+
+def xxh3_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
