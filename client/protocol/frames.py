@@ -40,6 +40,7 @@ FIXED_HEADER = struct.Struct("<4sBBHIIQII")  # magic type codec flags seq meta_l
 FIXED_HEADER_BYTES = FIXED_HEADER.size  # 32
 MAX_META_BYTES = 1 << 20  # 1 MiB of JSON
 DEFAULT_MAX_PAYLOAD_BYTES = 256 << 20  # 256 MiB per frame (the server chunks longer samples)
+DIRECT_FILL_BYTES = 256 << 10  # FrameDecoder: bodies this big skip the shared buffer (one copy, not two)
 
 
 class FrameType(enum.IntEnum):
@@ -120,14 +121,35 @@ class FrameDecoder:
         self._buf = bytearray()
         self._next_seq = 0
         self._pending: tuple[int, int, int, int, int, int] | None = None  # type codec seq meta_len payload_len crc
+        self._body: bytearray | None = None  # a big pending frame's meta + payload, filled in place
+        self._body_filled = 0
         self.finished = False  # a terminal frame was seen
 
-    def feed(self, chunk: bytes | bytearray | memoryview) -> list[Frame]:
-        """Frames completed by ``chunk``. Each payload is copied exactly once (buffer -> ``bytes``):
-        the CRC and the meta are read through a memoryview of the buffer, never through a slice copy."""
+    def feed(self, chunk: Buffer) -> list[Frame]:
+        """Frames completed by ``chunk``. Each payload byte is copied once: a frame body of at least
+        ``DIRECT_FILL_BYTES`` goes straight from the chunks into its own buffer (the payload is then a
+        memoryview of it); smaller frames pass through a shared buffer and are copied out of it."""
         if chunk and self.finished:
             raise ProtocolError("bytes after the terminal frame")
-        self._buf += chunk
+        data = memoryview(chunk).cast("B")
+        frames: list[Frame] = []
+        if self._body is not None:
+            n = min(len(self._body) - self._body_filled, len(data))
+            self._body[self._body_filled : self._body_filled + n] = data[:n]
+            self._body_filled += n
+            data = data[n:]
+            if self._body_filled < len(self._body):
+                return frames
+            frames.append(self._complete(memoryview(self._body)))
+            self._body = None
+            if self.finished and len(data):
+                raise ProtocolError("bytes after the terminal frame")
+        if len(data):
+            self._buf += data
+            frames += self._parse_buffer()
+        return frames
+
+    def _parse_buffer(self) -> list[Frame]:
         frames: list[Frame] = []
         offset = 0
         with memoryview(self._buf) as view:  # released before the buffer is trimmed below
@@ -137,26 +159,18 @@ class FrameDecoder:
                         break
                     self._pending = self._parse_header(offset)
                     offset += FIXED_HEADER_BYTES
-                ftype, codec, seq, meta_len, payload_len, crc = self._pending
-                if len(view) - offset < meta_len + payload_len:
+                body_len = self._pending[3] + self._pending[4]
+                if len(view) - offset < body_len:
+                    if body_len >= DIRECT_FILL_BYTES:  # fill its own buffer from here on
+                        self._body = bytearray(body_len)
+                        self._body_filled = len(view) - offset
+                        self._body[: self._body_filled] = view[offset:]
+                        offset = len(view)
                     break
-                meta_end = offset + meta_len
-                with view[offset:meta_end] as meta_view, view[meta_end : meta_end + payload_len] as payload_view:
-                    if zlib.crc32(payload_view, zlib.crc32(meta_view)) != crc:
-                        raise ProtocolError(f"frame {seq}: checksum mismatch")
-                    meta_bytes, payload = meta_view.tobytes(), payload_view.tobytes()
-                offset = meta_end + payload_len
-                self._pending = None
-                try:
-                    meta = json.loads(meta_bytes) if meta_bytes else {}
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise ProtocolError(f"frame {seq}: meta is not JSON ({exc})") from None
-                if not isinstance(meta, dict):
-                    raise ProtocolError(f"frame {seq}: meta is not a JSON object")
-                frame = Frame(FrameType(ftype), seq, meta, payload, Codec(codec))
-                frames.append(frame)
-                if frame.type in TERMINAL:
-                    self.finished = True
+                with view[offset : offset + body_len] as body:
+                    frames.append(self._complete(body, copy=True))
+                offset += body_len
+                if self.finished:
                     if offset != len(view):
                         raise ProtocolError("bytes after the terminal frame")
                     break
@@ -166,9 +180,31 @@ class FrameDecoder:
             del self._buf[:offset]
         return frames
 
+    def _complete(self, body: memoryview, copy: bool = False) -> Frame:
+        """The pending frame from its meta + payload bytes: checksum, then meta; ``copy`` when ``body``
+        is a view of the shared buffer (the payload must outlive it)."""
+        assert self._pending is not None
+        ftype, codec, seq, meta_len, _payload_len, crc = self._pending
+        self._pending = None
+        meta_view, payload_view = body[:meta_len], body[meta_len:]
+        if zlib.crc32(payload_view, zlib.crc32(meta_view)) != crc:
+            raise ProtocolError(f"frame {seq}: checksum mismatch")
+        meta_bytes = meta_view.tobytes()
+        payload: Buffer = payload_view.tobytes() if copy else payload_view
+        try:
+            meta = json.loads(meta_bytes) if meta_bytes else {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProtocolError(f"frame {seq}: meta is not JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise ProtocolError(f"frame {seq}: meta is not a JSON object")
+        frame = Frame(FrameType(ftype), seq, meta, payload, Codec(codec))
+        if frame.type in TERMINAL:
+            self.finished = True
+        return frame
+
     def close(self) -> None:
         """Call at end of stream: raises TruncatedStreamError unless a terminal frame closed it cleanly."""
-        if self._buf or self._pending is not None:
+        if self._buf or self._pending is not None or self._body is not None:
             raise TruncatedStreamError("stream ended inside a frame")
         if not self.finished:
             raise TruncatedStreamError("stream ended without an END or ERROR frame")
