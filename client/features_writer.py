@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from client.codec import RawTensor, build_safetensors
+from client.codec import safetensors_parts
 from client.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
 from client.protocol.features import (
     FEATURES_META_FILE,
@@ -147,15 +147,18 @@ class FeaturesWriter:
     # -- writing ----------------------------------------------------------------------------------
 
     def _reset_buffer(self) -> None:
-        self._hidden = bytearray()
-        self._ids = bytearray()
-        self._mask = bytearray()
+        # the samples' own arrays (views, not copies) until the shard is written: callers must not modify
+        # a sample's arrays after ``add``
+        self._hidden: list[memoryview] = []
+        self._ids: list[memoryview] = []
+        self._mask: list[memoryview] = []
+        self._buffered_bytes = 0
         self._sample_ids: list[str] = []
         self._n_tokens: list[int] = []
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._hidden) + len(self._ids) + len(self._mask)
+        return self._buffered_bytes
 
     def add(self, sample: ExtractedSample) -> None:
         n, n_layers, hidden = sample.hidden_states_bf16.shape
@@ -168,9 +171,13 @@ class FeaturesWriter:
             raise FeaturesFormatError(f"sample {sample.sample_id!r} is already in {self.dir}")
         if self._sample_ids and self.buffered_bytes + n * bytes_per_token(self.meta) > self.shard_bytes:
             self.flush()
-        self._hidden += _raw(sample.hidden_states_bf16, "<u2")
-        self._ids += _raw(sample.input_ids, "<i4")
-        self._mask += _raw(sample.loss_mask, "u1")
+        for parts, array, dtype in (
+            (self._hidden, sample.hidden_states_bf16, "<u2"),
+            (self._ids, sample.input_ids, "<i4"),
+            (self._mask, sample.loss_mask, "u1"),
+        ):
+            parts.append(_raw(array, dtype))
+            self._buffered_bytes += parts[-1].nbytes
         self._sample_ids.append(sample.sample_id)
         self._n_tokens.append(n)
         self.done_ids.add(sample.sample_id)
@@ -187,11 +194,11 @@ class FeaturesWriter:
         for n in n_tokens:
             offsets.append(offsets[-1] + n)
         shape = (total, self.meta.n_layers_stored, self.meta.hidden_size)
-        tensors = {
-            "hidden_states": RawTensor("BF16", shape, memoryview(self._hidden)),  # [T, L, H]
-            "input_ids": RawTensor("I32", (total,), memoryview(self._ids)),  # [T]
-            "loss_mask": RawTensor("U8", (total,), memoryview(self._mask)),  # [T]
-            "sample_offsets": RawTensor("I64", (len(ids) + 1,), memoryview(_i64(offsets))),  # [n + 1]
+        specs = {
+            "hidden_states": ("BF16", shape, self._hidden),  # [T, L, H]
+            "input_ids": ("I32", (total,), self._ids),  # [T]
+            "loss_mask": ("U8", (total,), self._mask),  # [T]
+            "sample_offsets": ("I64", (len(ids) + 1,), [memoryview(_i64(offsets))]),  # [n + 1]
         }
         metadata = {
             "schema_version": str(self.meta.schema_version),
@@ -200,7 +207,7 @@ class FeaturesWriter:
             "final_norm_applied": "false",
         }
         name = f"shard-{len(self.records):06d}-{uuid.uuid4().hex[:12]}.safetensors"
-        size, digest = self._write_shard(name, build_safetensors(tensors, metadata))
+        size, digest = self._write_shard(name, safetensors_parts(specs, metadata))
         record = ShardRecord(
             name, tuple(ids), tuple(n_tokens), size, "", self.meta.model_id, self.meta.aux_layer_ids, xxh3_128=digest
         )
