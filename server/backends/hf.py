@@ -68,6 +68,7 @@ class HfBackend:
         self.info: BackendInfo | None = None
         self._taps: dict[int, torch.Tensor] = {}  # module slot -> its output for the current call
         self._hooks: list[Any] = []
+        self._copy_stream: Any = None  # CUDA only: device-to-host copies (``_to_host``)
 
     def load(self, progress: ProgressCallback) -> BackendInfo:
         from transformers import AutoConfig, AutoModel
@@ -160,12 +161,29 @@ class HfBackend:
                 rows = torch.zeros((len(group), width), dtype=torch.long)  # [B, T]: right-padded with id 0
                 for row, i in enumerate(group):
                     rows[row, : len(batch[i])] = torch.tensor(list(batch[i]), dtype=torch.long)
-                states = self._forward(rows.to(self.device)).cpu()  # [B, T, L+1, H]
+                states = self._to_host(self._forward(rows.to(self.device)))  # [B, T, L+1, H]
                 for row, i in enumerate(group):
-                    out[i] = states[row, : len(batch[i])].contiguous()  # [T_i, L+1, H]
+                    out[i] = states[row, : len(batch[i])]  # [T_i, L+1, H]: a prefix of a row, contiguous
+            if self._copy_stream is not None:
+                self._copy_stream.synchronize()  # every group's device-to-host copy has landed
         except (RuntimeError, ValueError, IndexError) as exc:
             raise BackendError(f"forward pass failed: {exc}") from exc
         return [t for t in out if t is not None]
+
+    def _to_host(self, states: torch.Tensor) -> torch.Tensor:
+        """CPU copy of ``states``. On CUDA: into pinned memory on a side stream, without waiting, so the
+        copy of group k overlaps the forward pass of group k+1 (``extract`` synchronizes once at the
+        end; torch's caching host allocator reuses the pinned blocks)."""
+        if self.device.type != "cuda":
+            return states.cpu()
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=self.device)
+        host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # the forward pass wrote it
+        with torch.cuda.stream(self._copy_stream):
+            host.copy_(states, non_blocking=True)
+        states.record_stream(self._copy_stream)  # not reused by the next forward pass until copied
+        return host
 
     def _groups(self, batch: Sequence[Sequence[int]]) -> list[list[int]]:
         """Indices into ``batch``, one list per forward call (see the module docstring)."""
