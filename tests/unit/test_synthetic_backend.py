@@ -100,3 +100,42 @@ def test_dummy_model_builds_a_named_shape_with_seeded_random_weights(smollm2_dir
     states = one.extract([[1, 2, 3], list(range(50))])
     assert [tuple(s.shape) for s in states] == [(3, 4, 64), (50, 4, 64)]
     assert torch.equal(states[1], two.extract([list(range(50))])[0])  # same seed: same weights
+
+
+def test_parallel_encoding_keeps_frame_order_across_split_samples(smollm2_dir: Path) -> None:
+    """A pass's samples are encoded at once on the pool and each splits into several frames; the stream
+    must still number them +1 each and every sample must reassemble to its exact states."""
+    from client.stream import StreamAssembler
+
+    settings = ServerSettings(
+        model=str(smollm2_dir),
+        backend="synthetic",
+        synthetic_hidden_size=64,
+        synthetic_num_hidden_layers=8,
+        max_batch_tokens=4096,
+        max_payload_bytes=20_000,  # ~38 tokens per frame at 4 x 64 x 2 B per token
+        encoder_threads=4,
+        heartbeat_s=0.2,
+    )
+    reference = loaded_synthetic(smollm2_dir, hidden=64, layers=8)
+    ids = [[(7 * i + j) % 49152 for j in range(40 + 37 * i)] for i in range(12)]
+    requests = [{"id": f"s{i}", "input_ids": s} for i, s in enumerate(ids)]
+    with TestClient(create_app(settings)) as client:
+        for _ in range(600):
+            if client.get("/readyz").status_code == 200:
+                break
+            import time
+
+            time.sleep(0.05)
+        for codec in ("none", "zstd+planes"):
+            resp = client.post("/v1/extract", json={"samples": requests, "codec": codec})
+            decoder = FrameDecoder()
+            assembler = StreamAssembler("test", requests, decoder)
+            frames = decoder.feed(resp.content)  # raises on any seq gap
+            decoder.close()
+            assert sum(f.type == FrameType.DATA for f in frames) > 2 * len(ids)  # samples were split
+            got = {s.sample_id: s for f in frames for s in assembler.handle(f)}
+            assert sorted(got) == sorted(r["id"] for r in requests)
+            for i, s in enumerate(ids):
+                want = reference.extract([s])[0].view(torch.int16).numpy().view("<u2")
+                assert (got[f"s{i}"].hidden_states_bf16 == want).all()
