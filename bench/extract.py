@@ -19,6 +19,8 @@ against raw bf16, zstd speed against the extraction rate, and the server's peak 
     .venv/bin/python bench/extract.py --tokens 5000     # quicker look
     .venv/bin/python bench/extract.py --tokens 10000 --vllm   # + (d) and (e): e/d and e/c
     .venv/bin/python bench/extract.py --data mixed      # multi-turn conversations of 1-8 chained dialogs
+    .venv/bin/python bench/extract.py --backend synthetic --hidden-size 4096   # the serving path alone:
+        # per codec raw MB/s, per-stage seconds, a bare HTTP stream of the same bytes (bench/serving.py)
 
 ``--data chatterbot`` (default) is the demo's data: single exchanges of ~50 tokens, nearly equal in
 length, the best case for (a)'s padding. ``--data mixed`` chains 1-8 chatterbot dialogs (seeded) into
@@ -247,7 +249,17 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=4, help="the larger dataset for the RSS check, in x")
     parser.add_argument("--data", choices=("chatterbot", "mixed"), default="chatterbot", help="see the docstring")
     parser.add_argument("--vllm", action="store_true", help="also (d) vLLM offline to files and (e) --backend vllm")
+    parser.add_argument("--backend", choices=("hf", "synthetic"), default="hf", help="synthetic: bench/serving.py")
+    parser.add_argument("--hidden-size", type=int, default=4096, help="synthetic: states' hidden size")
+    parser.add_argument("--p50", type=int, default=1024, help="synthetic: median sample length in tokens")
     args = parser.parse_args()
+    if args.backend == "synthetic":
+        from bench.serving import run
+
+        with tempfile.TemporaryDirectory(prefix="eagle3-bench-serving-") as tmp_name:
+            tokens = args.tokens if "--tokens" in sys.argv else 20000
+            print(json.dumps(run(args.hidden_size, tokens, args.p50, args.max_batch_tokens, Path(tmp_name)), indent=2))
+        return
     torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model_dir(args.model)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp_name:

@@ -9,8 +9,9 @@ Order of work (nothing is requested before every check passed):
    removed, and the sample ids already recorded are skipped.
 3. Scan the prepared samples still to do: token ids in range, no sample over the server's limits,
    free disk for all of them.
-4. Workers (one per URL, ``client/extract_work.py``) stream batches of at most ``request_tokens``
-   tokens; the writer (this thread) appends shards as samples arrive.
+4. Workers (``requests_per_server`` threads per URL, each with its own connection,
+   ``client/extract_work.py``) stream batches of at most ``request_tokens`` tokens and decode them;
+   the writer (this thread) appends shards as samples arrive, in arrival order.
 
 Ctrl-C (and SIGTERM under the CLI) stops the workers, writes the complete samples already received
 as a last shard, and leaves a directory that the same command resumes. A SIGKILL loses at most the
@@ -46,12 +47,13 @@ logger = logging.getLogger(__name__)
 class ExtractConfig:
     codec: str | None = None  # None: the server's default_codec
     request_tokens: int = 65536  # per /v1/extract request (capped by the server's max_request_tokens)
+    requests_per_server: int = 2  # in flight at once per server URL: the server computes while we decode
     shard_mb: float = DEFAULT_SHARD_MB  # shard size target on disk
     buffer_mb: int = 256  # decoded samples waiting for the writer (back-pressure beyond this)
     max_retries: int = DEFAULT_MAX_RETRIES  # failures in a row before a server is given up
     timeout_s: float = DEFAULT_TIMEOUT_S
     limit: int | None = None  # only the first N prepared samples
-    verify: bool = False  # sha256 of every recorded shard before resuming
+    verify: bool = False  # checksum (xxh3-128, or sha256 in old manifests) of every recorded shard first
     check_disk: bool = True
     wait_ready_s: float = 0.0  # wait this long for a loading server before failing
     progress: bool | None = None  # None: when stderr is a terminal
@@ -69,6 +71,8 @@ class ExtractSummary:
     bytes_on_disk: int = 0  # all shards of the directory
     wire_bytes: int = 0
     wall_s: float = 0.0
+    # seconds per client stage: receive/verify/decode summed over the request threads, write on the writer's
+    stage_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -199,9 +203,12 @@ def _run(
                     f"{info.url} serves {name}={getattr(info, name)!r}, not {getattr(meta, name)!r}"
                 )
 
+    if config.requests_per_server < 1:
+        raise ValueError(f"requests_per_server must be at least 1, got {config.requests_per_server}")
     clients = [
         ExtractionClient(url, api_key, timeout_s=config.timeout_s, max_retries=1, transport=transport, sleep=sleep)
         for url in urls
+        for _ in range(config.requests_per_server)
     ]
     workers = [
         ServerWorker(
@@ -219,6 +226,7 @@ def _run(
     ]
     progress = Progress(n_todo, n_tokens_todo, enabled=config.progress)
     flush_on_exit = True
+    write_s = 0.0
     try:
         for worker in workers:
             worker.start()
@@ -228,7 +236,9 @@ def _run(
             except queue.Empty:
                 item = None
             if isinstance(item, ExtractedSample):
+                started = time.perf_counter()
                 writer.add(item)
+                write_s += time.perf_counter() - started
                 budget.release(item.hidden_states_bf16.nbytes)
                 summary.n_samples += 1
                 summary.n_tokens += item.n_tokens
@@ -255,12 +265,16 @@ def _run(
     finally:
         stop.set()
         if flush_on_exit:
+            started = time.perf_counter()
             try:
                 writer.flush()  # complete samples received so far: on disk, not lost
             except FeaturesWriteError as exc:
                 logger.error("%s", exc)
+            write_s += time.perf_counter() - started
         summary.bytes_written = writer.bytes_written
         summary.wire_bytes = sum(c.wire_bytes for c in clients)
+        summary.stage_s = {k: sum(c.stage_s[k] for c in clients) for k in ("receive", "verify", "decode")}
+        summary.stage_s["write"] = write_s
         progress.close()
         for worker in workers:
             worker.join(timeout=2.0)

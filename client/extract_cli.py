@@ -45,7 +45,12 @@ def add_extract_command(sub: Any) -> None:
     )
     p.add_argument("--out", required=True, type=Path, help="features directory (created, or resumed)")
     p.add_argument("--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV})")
-    p.add_argument("--codec", choices=sorted(CODEC_NAMES), default=None, help="wire codec (default: the server's)")
+    p.add_argument(
+        "--codec", choices=["auto", *sorted(CODEC_NAMES)], default=None, help="wire codec (default: the server's)"
+    )
+    p.add_argument(
+        "--requests-per-server", type=positive_int, default=2, help="requests in flight per server (default 2)"
+    )
     p.add_argument(
         "--request-tokens", type=positive_int, default=65536, help="tokens per request (default 65536, capped by "
         "the server's max_request_tokens)"
@@ -57,7 +62,7 @@ def add_extract_command(sub: Any) -> None:
     p.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S, help="read timeout per request")
     p.add_argument("--wait-ready-s", type=float, default=0.0, help="wait this long for a server still loading")
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N prepared samples")
-    p.add_argument("--verify", action="store_true", help="check the sha256 of every shard already written first")
+    p.add_argument("--verify", action="store_true", help="check the checksum of every shard already written first")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.set_defaults(func=run_extract)
 
@@ -70,6 +75,7 @@ def run_extract(args: argparse.Namespace) -> int:
     config = ExtractConfig(
         codec=args.codec,
         request_tokens=args.request_tokens,
+        requests_per_server=args.requests_per_server,
         shard_mb=args.shard_mb,
         max_retries=max(0, args.max_retries),
         timeout_s=args.timeout_s,

@@ -1,6 +1,7 @@
 """The parts of ``extract_dataset`` that run concurrently: a shared batch queue, a byte budget, workers.
 
-One ``ServerWorker`` thread per server URL pulls disjoint request batches from ``BatchSource``
+``requests_per_server`` ``ServerWorker`` threads per server URL (each its own connection, so the
+server computes one request while the client decodes another) pull disjoint request batches from ``BatchSource``
 (requeued leftovers first, then new batches cut from the prepared file on demand, so the dataset is
 never held in memory) and hands finished samples to the writer through a bounded queue: a worker
 blocks on ``ByteBudget`` when the writer falls behind, which stops it reading its stream and lets TCP
@@ -18,7 +19,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from eagle3.client.errors import APIConnectionError, APIError, APIStatusError, Eagle3Error, SampleFailure, StreamError
+from eagle3.client.errors import APIError, Eagle3Error, SampleFailure
+from eagle3.client.retry import server_failure
 from eagle3.client.sdk import ExtractionClient
 from eagle3.core.protocol.prepared import PreparedSample
 from eagle3.core.sample import ExtractedSample
@@ -168,15 +170,12 @@ class ServerWorker(threading.Thread):
 
     def _server_failed(self, exc: APIError) -> bool:
         """A failure that another server (or this one, later) may not have; False: fatal for the run."""
-        overloaded = isinstance(exc, APIStatusError) and exc.status_code in (429, 503)
-        if not (isinstance(exc, APIConnectionError) or overloaded or ExtractionClient._should_retry(exc)):
-            return False
-        if isinstance(exc, StreamError) and not exc.retryable:
+        failure = server_failure(exc)
+        if not failure.requeue:
             return False
         self.last_error = exc
-        retry_after = getattr(exc, "retry_after_s", None)
-        if overloaded and retry_after is not None:
-            delay_s = min(float(retry_after), BACKOFF_CAP_S)  # busy, not broken: wait, do not count
+        if failure.busy:  # busy, not broken: wait, do not count
+            delay_s = min(float(getattr(exc, "retry_after_s", 0.0) or 0.0), BACKOFF_CAP_S)
         else:
             self.failures += 1
             if self.failures > self.max_failures:

@@ -10,9 +10,10 @@ Wire: ``POST /v1/extract`` answers with a frame stream (``core/protocol/frames.p
 are decoded with ``eagle3.core.codec`` (size bound from the frame meta) and chunks of a long sample are
 reassembled in token order (``client/stream.py``).
 
-Retries (openai-python's policy): connection errors, timeouts, 429, 503, 5xx and truncated or
-retryable-ERROR streams are retried up to ``max_retries`` times, sleeping ``Retry-After`` (capped at
-``max_retry_after_s``) or an exponential backoff with jitter; ``x-should-retry`` overrides the status.
+Retries (``client/retry.py``, shared with the dataset workers): connection errors, timeouts, 429, 503,
+5xx and truncated or retryable-ERROR streams are retried up to ``max_retries`` times, sleeping
+``Retry-After`` (capped at ``max_retry_after_s``) or an exponential backoff with jitter;
+``x-should-retry`` overrides the status.
 A retry sends only the samples not received yet, and the budget starts again whenever a sample
 arrives, so a long stream that breaks now and then still finishes. Connection failures move on to
 the next URL of the list.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -43,6 +43,7 @@ from eagle3.client.errors import (
     StreamError,
     status_error,
 )
+from eagle3.client.retry import MAX_RETRY_AFTER_S, retry_delay_s, should_retry
 from eagle3.client.stream import StreamAssembler
 from eagle3.core.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
 from eagle3.core.protocol.limits import sample_id_problem
@@ -55,9 +56,6 @@ logger = logging.getLogger(__name__)
 API_KEY_ENV = "EAGLE3_API_KEY"
 DEFAULT_TIMEOUT_S = 120.0  # per read: the server sends a heartbeat every 10 s while it works
 DEFAULT_MAX_RETRIES = 5
-INITIAL_RETRY_DELAY_S = 0.5
-MAX_RETRY_DELAY_S = 16.0
-MAX_RETRY_AFTER_S = 60.0
 
 Sample = Any  # list[int] | {"input_ids", "loss_mask"?, "id"?} | {"messages", "id"?} | list[message] | PreparedSample
 Outcome = ExtractedSample | SampleFailure
@@ -156,6 +154,9 @@ class ExtractionClient:
         self.max_retries = max_retries
         self.max_retry_after_s = max_retry_after_s
         self.wire_bytes = 0  # bytes of frame streams received (all calls; read it for MB/s)
+        # seconds per client stage, all calls: receive (waiting on the socket), verify (framing + checksums),
+        # decode (codec + safetensors + reassembly); bench/serving.py reads them
+        self.stage_s = {"receive": 0.0, "verify": 0.0, "decode": 0.0}
         self._sleep = sleep
         self._url_index = 0
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
@@ -282,7 +283,7 @@ class ExtractionClient:
             except APIError as exc:
                 if received:
                     retries_left, attempt = self.max_retries, 0  # progress: the budget starts again
-                if not self._should_retry(exc) or retries_left <= 0:
+                if not should_retry(exc) or retries_left <= 0:
                     if retryable_failures and set(pending) == set(retryable_failures):
                         for sample_id in list(pending):  # out of retries: report, do not raise
                             del pending[sample_id]
@@ -308,10 +309,23 @@ class ExtractionClient:
                     raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
                 decoder = FrameDecoder()
                 assembler = StreamAssembler(url, requests, decoder, expect=self._layout.get(url))
-                for chunk in resp.iter_raw():
+                stage = self.stage_s
+                chunks = resp.iter_raw()  # the transport's own reads: re-chunking would copy
+                while True:
+                    started = time.perf_counter()
+                    chunk = next(chunks, None)
+                    received = time.perf_counter()
+                    stage["receive"] += received - started
+                    if chunk is None:
+                        break
                     self.wire_bytes += len(chunk)
-                    for frame in decoder.feed(chunk):
-                        yield from assembler.handle(frame)
+                    frames = decoder.feed(chunk)
+                    stage["verify"] += time.perf_counter() - received
+                    for frame in frames:  # each frame's samples go out before the next frame can raise
+                        started = time.perf_counter()
+                        outcomes = assembler.handle(frame)
+                        stage["decode"] += time.perf_counter() - started
+                        yield from outcomes
                 decoder.close()
         except TruncatedStreamError as exc:
             raise StreamError(f"{url}: truncated stream ({exc})", url=url, request_id=request_id) from None
@@ -356,28 +370,14 @@ class ExtractionClient:
             try:
                 return call(self.url)
             except APIError as exc:
-                if not self._should_retry(exc) or attempt >= self.max_retries:
+                if not should_retry(exc) or attempt >= self.max_retries:
                     raise
                 self._before_retry(exc, attempt, 0)
                 attempt += 1
 
-    @staticmethod
-    def _should_retry(exc: APIError) -> bool:
-        if isinstance(exc, APIStatusError):
-            if exc.should_retry is not None:
-                return exc.should_retry
-            return exc.status_code in (408, 409, 429) or exc.status_code >= 500
-        if isinstance(exc, StreamError):
-            return exc.retryable
-        return isinstance(exc, APIConnectionError)
-
     def retry_delay_s(self, exc: APIError, attempt: int) -> float:
-        """Retry-After when the server sent one (capped), else 0.5 s * 2^attempt (max 16 s) with jitter."""
-        retry_after = getattr(exc, "retry_after_s", None)
-        if retry_after is not None:
-            return float(min(retry_after, self.max_retry_after_s))
-        backoff = min(INITIAL_RETRY_DELAY_S * 2.0**attempt, MAX_RETRY_DELAY_S)
-        return backoff * (1.0 - 0.25 * random.random())  # noqa: S311 - jitter, not crypto
+        """Retry-After when the server sent one (capped), else exponential backoff (``client/retry.py``)."""
+        return retry_delay_s(exc, attempt, self.max_retry_after_s)
 
     def _before_retry(self, exc: APIError, attempt: int, n_pending: int) -> None:
         delay_s = self.retry_delay_s(exc, attempt)

@@ -84,7 +84,9 @@ def _zstd_frame(payload: bytes | memoryview, raw_bytes: int, what: str) -> bytes
     return data
 
 
-def decode_payload(payload: bytes, codec: Codec, raw_bytes: int) -> bytes:
+def decode_payload(
+    payload: bytes | bytearray | memoryview, codec: Codec, raw_bytes: int
+) -> bytes | bytearray | memoryview:
     """Inverse of ``encode_payload``. ``raw_bytes`` (from the frame meta) bounds the decompressed size."""
     if codec == Codec.NONE:
         if len(payload) != raw_bytes:
@@ -102,7 +104,7 @@ def decode_payload(payload: bytes, codec: Codec, raw_bytes: int) -> bytes:
         low = _zstd_frame(view[PLANES_PREFIX.size : split], n_pairs, " (even plane)")
         high = _zstd_frame(view[split:], raw_bytes - n_pairs, " (odd plane)")
         return unshuffle_planes(low + high)
-    data = _zstd_frame(payload, raw_bytes, "")
+    data = _zstd_frame(memoryview(payload), raw_bytes, "")
     return unshuffle_planes(data) if codec == Codec.ZSTD_SHUFFLE else data
 
 
@@ -122,7 +124,7 @@ def bf16_to_float32(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def parse_safetensors(blob: bytes | memoryview) -> tuple[dict[str, RawTensor], dict[str, str]]:
+def parse_safetensors(blob: bytes | bytearray | memoryview) -> tuple[dict[str, RawTensor], dict[str, str]]:
     """Tensors (zero-copy views into ``blob``) and ``__metadata__``; every offset is bounds-checked."""
     view = memoryview(blob)
     if len(view) < 8:
@@ -153,15 +155,23 @@ def build_safetensors(
     tensors: dict[str, RawTensor], metadata: dict[str, str] | None = None
 ) -> list[bytes | memoryview]:
     """A safetensors file as a list of byte chunks (write them in order; nothing is concatenated)."""
+    specs = {name: (t.dtype, t.shape, [t.data]) for name, t in tensors.items()}
+    return safetensors_parts(specs, metadata)
+
+
+def safetensors_parts(
+    specs: dict[str, tuple[str, tuple[int, ...], list[memoryview]]], metadata: dict[str, str] | None = None
+) -> list[bytes | memoryview]:
+    """Like ``build_safetensors`` for tensors given as several pieces each (``(dtype, shape, pieces)``;
+    the pieces are written in order, never joined): the shard writer's samples go to disk as they came."""
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
-    for name, tensor in tensors.items():
-        header[name] = {
-            "dtype": tensor.dtype,
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + len(tensor.data)],
-        }
-        offset += len(tensor.data)
+    for name, (dtype, shape, pieces) in specs.items():
+        size = sum(p.nbytes for p in pieces)
+        if size != DTYPE_SIZES[dtype] * int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"tensor {name!r}: {size} bytes do not fit {dtype} {list(shape)}")
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned, as safetensors writes it
-    return [struct.pack("<Q", len(encoded)), encoded, *(t.data for t in tensors.values())]
+    return [struct.pack("<Q", len(encoded)), encoded, *(p for _, _, pieces in specs.values() for p in pieces)]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from eagle3.core.codec import RawTensor, parse_safetensors
-from eagle3.core.features_writer import sha256_file
+from eagle3.core.features_writer import shard_checksum_ok
 from eagle3.core.protocol.features import (
     MANIFEST_FILE,
     SHARDS_DIR,
@@ -48,8 +48,8 @@ class FeaturesReader:
             path = self.dir / SHARDS_DIR / record.shard
             if not path.is_file() or path.stat().st_size != record.bytes:
                 raise FeaturesFormatError(f"{path}: missing or not {record.bytes} bytes as {MANIFEST_FILE} says")
-            if verify and sha256_file(path) != record.sha256:
-                raise FeaturesFormatError(f"{path}: sha256 differs from {MANIFEST_FILE} (corrupt shard)")
+            if verify and not shard_checksum_ok(path, record):
+                raise FeaturesFormatError(f"{path}: checksum differs from {MANIFEST_FILE} (corrupt shard)")
             for s_index, sample_id in enumerate(record.sample_ids):
                 if sample_id in self._by_id:
                     raise FeaturesFormatError(f"{MANIFEST_FILE}: sample {sample_id!r} appears twice")

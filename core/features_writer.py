@@ -3,10 +3,10 @@
 Samples accumulate in one shard buffer (about ``shard_mb``; a single larger sample gets a shard of
 its own); a full buffer becomes ``shards/.<name>.<uuid>.tmp`` (safetensors via
 ``eagle3.core.codec.build_safetensors``), is fsynced, renamed to its final name, the directory fsynced,
-and only then one manifest line (with the file's sha256) is appended and fsynced. So at any instant
-the manifest lists complete shards only; what a crash leaves behind is an orphan file or a torn last
-manifest line, and ``open`` cleans both up. A full disk raises ``FeaturesWriteError`` with the
-manifest as it was.
+and only then one manifest line (with the file's xxh3-128, computed while writing) is appended and
+fsynced. So at any instant the manifest lists complete shards only; what a crash leaves behind is an
+orphan file or a torn last manifest line, and ``open`` cleans both up. A full disk raises
+``FeaturesWriteError`` with the manifest as it was.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
-from eagle3.core.codec import RawTensor, build_safetensors
+from eagle3.core.codec import safetensors_parts
 from eagle3.core.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
 from eagle3.core.protocol.features import (
     FEATURES_META_FILE,
@@ -109,8 +110,8 @@ class FeaturesWriter:
                     f"{path}: listed in {MANIFEST_FILE} with {record.bytes} bytes but {found}; "
                     "the directory is damaged (move the shard back or start a new --out)"
                 )
-            if verify and sha256_file(path) != record.sha256:
-                raise FeaturesFormatError(f"{path}: sha256 differs from {MANIFEST_FILE} (corrupt shard)")
+            if verify and not shard_checksum_ok(path, record):
+                raise FeaturesFormatError(f"{path}: checksum differs from {MANIFEST_FILE} (corrupt shard)")
             duplicate = self.done_ids.intersection(record.sample_ids)
             if duplicate:
                 raise FeaturesFormatError(f"{MANIFEST_FILE}: sample {sorted(duplicate)[0]!r} recorded twice")
@@ -146,15 +147,18 @@ class FeaturesWriter:
     # -- writing ----------------------------------------------------------------------------------
 
     def _reset_buffer(self) -> None:
-        self._hidden = bytearray()
-        self._ids = bytearray()
-        self._mask = bytearray()
+        # the samples' own arrays (views, not copies) until the shard is written: callers must not modify
+        # a sample's arrays after ``add``
+        self._hidden: list[memoryview] = []
+        self._ids: list[memoryview] = []
+        self._mask: list[memoryview] = []
+        self._buffered_bytes = 0
         self._sample_ids: list[str] = []
         self._n_tokens: list[int] = []
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._hidden) + len(self._ids) + len(self._mask)
+        return self._buffered_bytes
 
     def add(self, sample: ExtractedSample) -> None:
         n, n_layers, hidden = sample.hidden_states_bf16.shape
@@ -167,9 +171,13 @@ class FeaturesWriter:
             raise FeaturesFormatError(f"sample {sample.sample_id!r} is already in {self.dir}")
         if self._sample_ids and self.buffered_bytes + n * bytes_per_token(self.meta) > self.shard_bytes:
             self.flush()
-        self._hidden += _raw(sample.hidden_states_bf16, "<u2")
-        self._ids += _raw(sample.input_ids, "<i4")
-        self._mask += _raw(sample.loss_mask, "u1")
+        for parts, array, dtype in (
+            (self._hidden, sample.hidden_states_bf16, "<u2"),
+            (self._ids, sample.input_ids, "<i4"),
+            (self._mask, sample.loss_mask, "u1"),
+        ):
+            parts.append(_raw(array, dtype))
+            self._buffered_bytes += parts[-1].nbytes
         self._sample_ids.append(sample.sample_id)
         self._n_tokens.append(n)
         self.done_ids.add(sample.sample_id)
@@ -186,11 +194,11 @@ class FeaturesWriter:
         for n in n_tokens:
             offsets.append(offsets[-1] + n)
         shape = (total, self.meta.n_layers_stored, self.meta.hidden_size)
-        tensors = {
-            "hidden_states": RawTensor("BF16", shape, memoryview(self._hidden)),  # [T, L, H]
-            "input_ids": RawTensor("I32", (total,), memoryview(self._ids)),  # [T]
-            "loss_mask": RawTensor("U8", (total,), memoryview(self._mask)),  # [T]
-            "sample_offsets": RawTensor("I64", (len(ids) + 1,), memoryview(_i64(offsets))),  # [n + 1]
+        specs = {
+            "hidden_states": ("BF16", shape, self._hidden),  # [T, L, H]
+            "input_ids": ("I32", (total,), self._ids),  # [T]
+            "loss_mask": ("U8", (total,), self._mask),  # [T]
+            "sample_offsets": ("I64", (len(ids) + 1,), [memoryview(_i64(offsets))]),  # [n + 1]
         }
         metadata = {
             "schema_version": str(self.meta.schema_version),
@@ -199,9 +207,9 @@ class FeaturesWriter:
             "final_norm_applied": "false",
         }
         name = f"shard-{len(self.records):06d}-{uuid.uuid4().hex[:12]}.safetensors"
-        size, digest = self._write_shard(name, build_safetensors(tensors, metadata))
+        size, digest = self._write_shard(name, safetensors_parts(specs, metadata))
         record = ShardRecord(
-            name, tuple(ids), tuple(n_tokens), size, digest, self.meta.model_id, self.meta.aux_layer_ids
+            name, tuple(ids), tuple(n_tokens), size, "", self.meta.model_id, self.meta.aux_layer_ids, xxh3_128=digest
         )
         self._append_manifest(record)
         self.records.append(record)
@@ -214,13 +222,13 @@ class FeaturesWriter:
     def _write_shard(self, name: str, chunks: list[bytes | memoryview]) -> tuple[int, str]:
         final = self.dir / SHARDS_DIR / name
         tmp = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.tmp")
-        sha = hashlib.sha256()
+        digest = xxhash.xxh3_128()
         size = 0
         try:
             with open(tmp, "wb") as fh:
                 for chunk in chunks:
                     fh.write(chunk)
-                    sha.update(chunk)
+                    digest.update(chunk)
                     size += len(chunk)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -229,7 +237,7 @@ class FeaturesWriter:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise _write_error(exc, self.dir, f"writing shard {name}", len(self.records)) from None
-        return size, sha.hexdigest()
+        return size, digest.hexdigest()
 
     def _append_manifest(self, record: ShardRecord) -> None:
         path = self.dir / MANIFEST_FILE
@@ -250,6 +258,21 @@ class FeaturesWriter:
 
     def close(self) -> None:
         self.flush()
+
+
+def shard_checksum_ok(path: Path, record: ShardRecord) -> bool:
+    """The file matches its manifest checksum: xxh3_128 when recorded, else (older manifests) sha256."""
+    if record.xxh3_128:
+        return xxh3_file(path) == record.xxh3_128
+    return sha256_file(path) == record.sha256
+
+
+def xxh3_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:

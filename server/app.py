@@ -8,6 +8,7 @@ load (in a thread, so the port answers probes at once) and stops it. Auth guards
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hmac
 import html
@@ -230,10 +231,12 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
             raise ApiError(
                 exc.status, str(exc), type_=exc.type, reason=exc.reason, retry_after_s=exc.retry_after_s
             ) from None
-        header = stream_header(rt.info, request_id, len(samples), req.n_tokens, settings.max_payload_bytes)
-        opts = EncodeOptions(
-            CODEC_NAMES[parsed.codec or settings.default_codec], parsed.zstd_level, settings.max_payload_bytes
+        codec = rt.codec_for(parsed.codec or settings.default_codec, request.client.host if request.client else None)
+        header = dataclasses.replace(
+            stream_header(rt.info, request_id, len(samples), req.n_tokens, settings.max_payload_bytes),
+            codec=next(name for name, c in CODEC_NAMES.items() if c == codec),
         )
+        opts = EncodeOptions(codec, parsed.zstd_level, settings.max_payload_bytes)
         stream = ExtractStream(
             rt.scheduler, req, header, opts, rt.executor, rt.metrics, settings.heartbeat_s, settings.stream_chunk_bytes
         )

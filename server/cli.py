@@ -17,6 +17,7 @@ from typing import Any
 
 from eagle3.core.knobs import KnobError, add_knob_arguments, load_config_file, resolve
 from eagle3.core.models import is_embedded_name, resolve_model_dir
+from eagle3.server.backends.dummy_model import is_dummy
 from eagle3.server.config import ServerSettings, SettingsError, default_tensor_parallel_size
 
 
@@ -58,7 +59,7 @@ def run_serve(args: argparse.Namespace) -> int:
     for name, value in KERNEL_CACHE_ENV.items():
         os.environ.setdefault(name, value)  # the operator's own setting wins
     settings = settings_from_args(args)
-    if not is_embedded_name(settings.model):
+    if not is_embedded_name(settings.model) and not is_dummy(settings.model):
         resolve_model_dir(settings.model)  # fail fast on a bad --model (the embedded one converts in the background)
     from eagle3.server.serve import serve
 

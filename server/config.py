@@ -10,15 +10,15 @@ from typing import Any
 
 from eagle3.core.knobs import Knob, KnobError, knob
 from eagle3.core.models import DEFAULT_MODEL
-from eagle3.core.protocol.frames import CODEC_NAMES
-from eagle3.server.backends.base import VllmOptions
+from eagle3.core.protocol.wire import REQUEST_CODECS
+from eagle3.server.backends.base import SyntheticOptions, VllmOptions
 
 
 class SettingsError(KnobError):
     """A serve flag or the API keys file is invalid (a one-line CLI error)."""
 
 
-CODEC_CHOICES = tuple(CODEC_NAMES)
+CODEC_CHOICES = REQUEST_CODECS
 
 
 def _layer_ids(text: str) -> tuple[int, ...]:
@@ -35,7 +35,12 @@ class ServerSettings:
 
     # the verifier
     model: str = knob(DEFAULT_MODEL, "local HF checkpoint dir or the embedded default's name")
-    backend: str = knob("auto", "auto: vllm if importable, else hf", choices=("auto", "hf", "vllm"))
+    backend: str = knob(
+        "auto",
+        "auto: vllm if importable, else hf; synthetic: no model, deterministic random "
+        "states, for benchmarks and tests only",
+        choices=("auto", "hf", "vllm", "synthetic"),
+    )
     aux_layer_ids: tuple[int, ...] | None = knob(None, "comma-separated; default 2,N//2,N-3", parse=_layer_ids)
     dtype: str = knob("bfloat16", "dtype of the forward pass", choices=("bfloat16", "float32"))
     device: str = knob("auto", "where the verifier runs", choices=("auto", "cpu", "cuda"))
@@ -60,8 +65,19 @@ class ServerSettings:
     request_buffer_bytes: int = knob(256 << 20, "MiB of states one request may hold computed but unsent "
                                      "(a slow reader pauses only itself)",
                                      flag="--request-buffer-mb", scale=2**20)  # fmt: skip
-    default_codec: str = knob("zstd+planes", "payload codec when a request names none", choices=CODEC_CHOICES)
+    default_codec: str = knob(
+        "auto",
+        "payload codec when a request names none; auto: none to a client on this "
+        "host, zstd+planes when the encoders outrun --link-mb-s",
+        choices=CODEC_CHOICES,
+    )
+    link_mb_s: float = knob(1250.0, "codec auto: the network's MB/s (10 Gb/s); server/codec_choice.py")
+    encoder_threads: int | None = knob(None, "threads that encode frames; default one per CPU core")
     stream_chunk_bytes: int = knob(2 << 20, "MiB per HTTP body write", flag="--stream-chunk-mb", scale=2**20)
+    # synthetic backend (benchmarks and tests only)
+    synthetic_hidden_size: int = knob(4096, "synthetic backend: the states' hidden size")
+    synthetic_num_hidden_layers: int = knob(32, "synthetic backend: N (aux ids default to 2, N//2, N-3)",
+                                            flag="--synthetic-num-layers")  # fmt: skip
     # network, keys, lifecycle
     host: str = knob("127.0.0.1", "address to bind")
     port: int = knob(8000, "0 picks a free port (printed on stderr)")
@@ -97,12 +113,16 @@ class ServerSettings:
                 raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.heartbeat_s <= 0 or self.drain_timeout_s < 0:
             raise SettingsError("--heartbeat-s must be > 0 and --drain-timeout-s >= 0")
-        if self.backend not in ("auto", "hf", "vllm"):
-            raise SettingsError(f"--backend must be auto, hf or vllm, got {self.backend!r}")
+        if self.backend not in ("auto", "hf", "vllm", "synthetic"):
+            raise SettingsError(f"--backend must be auto, hf, vllm or synthetic, got {self.backend!r}")
+        if self.encoder_threads is not None and self.encoder_threads <= 0:
+            raise SettingsError(f"--encoder-threads must be positive, got {self.encoder_threads}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise SettingsError(f"--kv-cache-gib must be positive, got {self.kv_cache_gib}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise SettingsError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.link_mb_s <= 0:
+            raise SettingsError(f"--link-mb-s must be positive, got {self.link_mb_s}")
         if self.dtype not in ("bfloat16", "float32"):
             raise SettingsError(f"--dtype must be bfloat16 or float32, got {self.dtype!r}")
 
@@ -132,6 +152,10 @@ class ServerSettings:
             compile=self.vllm_compile,
             engine_args=engine_args,
         )
+
+    @property
+    def synthetic_options(self) -> SyntheticOptions:
+        return SyntheticOptions(self.synthetic_hidden_size, self.synthetic_num_hidden_layers)
 
     @property
     def request_token_cap(self) -> int:

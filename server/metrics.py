@@ -21,6 +21,11 @@ HELP = {
     "eagle3_stream_bytes_total": ("counter", "DATA payload bytes streamed: kind=wire (compressed) or raw"),
     "eagle3_rejections_total": ("counter", "Requests refused, by reason"),
     "eagle3_cancellations_total": ("counter", "Requests closed before all their samples were streamed"),
+    "eagle3_stage_seconds_total": (
+        "counter",
+        "Seconds spent per serving stage: forward (backend.extract), copy (states to blobs), encode (codec and "
+        "framing, summed over encoder threads), send (a stream waiting for the transport to take its bytes)",
+    ),
 }
 
 

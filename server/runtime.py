@@ -26,9 +26,11 @@ from typing import Any
 
 from eagle3.core.masking import ChatTokenizer
 from eagle3.core.protocol.error_types import error_meta
-from eagle3.core.protocol.wire import CODECS, ServerInfo
+from eagle3.core.protocol.frames import Codec
+from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
 from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_backend
 from eagle3.server.chat_limits import ChatLimits, chat_limits
+from eagle3.server.codec_choice import choose_codec, measure_encode_mb_s
 from eagle3.server.config import ServerSettings
 from eagle3.server.metrics import Metrics
 from eagle3.server.scheduler import Scheduler, request_buffer_tokens
@@ -57,6 +59,15 @@ def load_malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+def encoder_threads_for_host() -> int:
+    """One encoder thread per CPU this process may use: zstd and the byte-plane shuffle release the GIL,
+    so on a 16-core host 16 threads encode ~16x one (a fixed 4 capped a GPU host at ~1/4 of its cores)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class Runtime:
     def __init__(self, settings: ServerSettings, backend: Backend | None = None) -> None:
         self.settings = settings
@@ -76,7 +87,9 @@ class Runtime:
             metrics=self.metrics,
         )
         self.metrics.gauges = self.scheduler.gauges
-        self.executor = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="eagle3-enc")
+        self.encoder_threads = settings.encoder_threads or encoder_threads_for_host()
+        self.executor = ThreadPoolExecutor(max_workers=self.encoder_threads, thread_name_prefix="eagle3-enc")
+        self.encode_mb_s_per_core = 0.0  # zstd+planes, one thread (server/codec_choice.py)
         self.status = "loading"  # loading | ready | failed | draining
         self.phase = "starting"
         self.progress = 0.0
@@ -86,7 +99,9 @@ class Runtime:
 
     def _extract(self, batch: Any) -> Any:
         assert self.backend is not None
+        started = time.perf_counter()
         states = self.backend.extract(batch)
+        self.metrics.inc("eagle3_stage_seconds_total", time.perf_counter() - started, stage="forward")
         if self._malloc_trim is not None:
             self._malloc_trim(0)
         return states
@@ -112,6 +127,7 @@ class Runtime:
                     tensor_parallel_size=s.tensor_parallel_size or 1,
                     trust_remote_code=s.trust_remote_code,
                     vllm=s.vllm_options,
+                    synthetic=s.synthetic_options,
                 )
                 self.backend = make_backend(s.backend, config)
             info = self.backend.load(self._progress)
@@ -124,6 +140,8 @@ class Runtime:
                 s.max_batch_tokens, bytes_per_token, s.request_buffer_bytes
             )
             self.scheduler.start()
+            self._progress("measuring the encoder", 0.97)
+            self.encode_mb_s_per_core = measure_encode_mb_s()
             self._progress("warming up the request path", 0.98)
             timings = warm_up(self)
             logger.info("warm-up: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
@@ -163,6 +181,10 @@ class Runtime:
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
+    def codec_for(self, name: str, peer: str | None) -> Codec:
+        """The codec of one request (``name``: the request's or the server's default; ``auto`` decides)."""
+        return choose_codec(name, peer, self.encode_mb_s_per_core, self.encoder_threads, self.settings.link_mb_s)
+
     def describe(self) -> ServerInfo:
         """``/v1/info`` (call only when loaded)."""
         info, s = self.info, self.settings
@@ -181,8 +203,14 @@ class Runtime:
             max_model_len=info.max_model_len,
             tokenizer_sha256=info.tokenizer_sha256,
             chat_template=self.chat is not None,
-            codecs=CODECS,
+            codecs=REQUEST_CODECS,
             default_codec=s.default_codec,
+            benchmark_only=info.backend == "synthetic",  # synthetic states, not a model's
+            codec_auto={
+                "encode_mb_s_per_core": round(self.encode_mb_s_per_core, 1),
+                "encoder_threads": self.encoder_threads,
+                "link_mb_s": s.link_mb_s,
+            },
             limits={
                 "max_batch_tokens": s.max_batch_tokens,
                 "max_request_tokens": s.request_token_cap,

@@ -99,6 +99,13 @@ class Request:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.event.set)
 
+    def take_results(self) -> list[Result]:
+        """Everything finished so far, without waiting (possibly nothing)."""
+        with self.lock:
+            out = list(self.results)
+            self.results.clear()
+        return out
+
     async def next_results(self, timeout_s: float) -> list[Result]:
         """Everything finished so far; waits up to ``timeout_s`` when nothing is (an empty list then)."""
         with self.lock:

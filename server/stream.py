@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,7 +25,15 @@ from starlette.types import Receive, Scope, Send
 
 from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
 from eagle3.core.protocol.error_types import error_meta
-from eagle3.core.protocol.frames import CONTENT_TYPE, Codec, Frame, FrameType, encode_frame
+from eagle3.core.protocol.frames import (
+    CONTENT_TYPE,
+    Buffer,
+    Codec,
+    Frame,
+    FrameType,
+    encode_frame,
+    frame_head,
+)
 from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, ErrorInfo, SampleErrorMeta, StreamHeader
 from eagle3.server.backends import BackendInfo
 from eagle3.server.metrics import Metrics
@@ -65,14 +75,28 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return np.ascontiguousarray(arr).data.cast("B")
 
 
-def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int, bytes]]:
-    """``(token_start, token_end, safetensors blob)`` covering the sample, each blob within the limit."""
-    states = result.states.to(torch.bfloat16).contiguous()  # [n, L+1, H]
+def tokens_per_blob(n_layers: int, hidden: int, max_payload_bytes: int) -> int:
+    """Tokens per DATA frame so that one frame's raw blob stays within ``max_payload_bytes``."""
+    per_token = n_layers * hidden * 2 + 4 + 1
+    return max(1, (max_payload_bytes - SAFETENSORS_HEADER_BYTES) // per_token)
+
+
+def n_frames(result: Result, max_payload_bytes: int) -> int:
+    """Frames ``encode_result`` makes for ``result`` (known before it runs, so seqs can be handed out)."""
+    if result.error is not None:
+        return 1
+    n_tokens, n_layers, hidden = result.states.shape
+    return -(-int(n_tokens) // tokens_per_blob(int(n_layers), int(hidden), max_payload_bytes))
+
+
+def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int, list[Buffer]]]:
+    """``(token_start, token_end, safetensors blob as parts)`` covering the sample, each within the limit.
+    The parts are views of the states (no copy); write them in order."""
+    states = result.states.to(torch.bfloat16).contiguous()  # [n, L+1, H]; no copy when already bf16
     n_tokens, n_layers, hidden = states.shape
     ids = np.asarray(result.sample.input_ids, dtype="<i4")
     mask = np.asarray(result.sample.loss_mask, dtype=np.uint8)
-    per_token = n_layers * hidden * 2 + 4 + 1
-    step = max(1, (max_payload_bytes - SAFETENSORS_HEADER_BYTES) // per_token)
+    step = tokens_per_blob(n_layers, hidden, max_payload_bytes)
     out = []
     for start in range(0, n_tokens, step):
         end = min(n_tokens, start + step)
@@ -81,32 +105,56 @@ def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int,
             "input_ids": RawTensor("I32", (end - start,), ids[start:end].data.cast("B")),
             "loss_mask": RawTensor("U8", (end - start,), mask[start:end].data.cast("B")),
         }
-        out.append((start, end, b"".join(build_safetensors(tensors))))
+        out.append((start, end, list[Buffer](build_safetensors(tensors))))
     return out
 
 
-def encode_result(result: Result, seq: int, opts: EncodeOptions) -> tuple[list[bytes], int, int]:
-    """Frames for one sample (runs in a worker thread): ``(frames, raw_bytes, payload_bytes)``."""
+@dataclass
+class Encoded:
+    """One sample's frames as parts to write in order, with its byte counts and stage times."""
+
+    parts: list[Buffer]
+    raw_bytes: int
+    wire_bytes: int
+    copy_s: float
+    encode_s: float
+
+
+def encode_result(result: Result, seq: int, opts: EncodeOptions) -> Encoded:
+    """Frames for one sample, numbered from ``seq`` (runs in an encoder thread). Codec ``none`` sends
+    the states' own memory: the frame head, then the blob's parts, nothing concatenated."""
     sample = result.sample
     if result.error is not None:
         meta = SampleErrorMeta(sample.sample_id, sample.index, ErrorInfo.from_dict(result.error)).to_dict()
-        return [encode_frame(Frame(FrameType.SAMPLE_ERROR, seq, meta))], 0, 0
-    frames, raw_total, wire_total = [], 0, 0
+        return Encoded([encode_frame(Frame(FrameType.SAMPLE_ERROR, seq, meta))], 0, 0, 0.0, 0.0)
+    started = time.perf_counter()
     blobs = sample_blobs(result, opts.max_payload_bytes)
-    for k, (start, end, blob) in enumerate(blobs):
-        payload, codec = encode_payload(blob, opts.codec, opts.zstd_level), opts.codec
-        if codec != Codec.NONE and len(payload) >= len(blob) and len(blob) <= opts.max_payload_bytes:
-            payload, codec = blob, Codec.NONE  # incompressible: send it as is
-        meta = DataMeta(
-            sample.sample_id, sample.index, start, end, sample.n_tokens, k == len(blobs) - 1, len(blob)
-        ).to_dict()
-        frames.append(encode_frame(Frame(FrameType.DATA, seq + k, meta, payload, codec)))
-        raw_total += len(blob)
-        wire_total += len(payload)
-    return frames, raw_total, wire_total
+    copied = time.perf_counter()
+    parts: list[Buffer] = []
+    raw_total, wire_total = 0, 0
+    for k, (start, end, blob_parts) in enumerate(blobs):
+        raw = sum(memoryview(p).nbytes for p in blob_parts)
+        payload: list[Buffer] = blob_parts
+        codec = opts.codec
+        if codec != Codec.NONE:
+            compressed = encode_payload(b"".join(blob_parts), codec, opts.zstd_level)
+            if len(compressed) >= raw:
+                codec = Codec.NONE  # incompressible: send it as is
+            else:
+                payload = [compressed]
+        meta = DataMeta(sample.sample_id, sample.index, start, end, sample.n_tokens, k == len(blobs) - 1, raw).to_dict()
+        parts.append(frame_head(FrameType.DATA, seq + k, meta, payload, codec))
+        parts.extend(payload)
+        raw_total += raw
+        wire_total += sum(memoryview(p).nbytes for p in payload)
+    return Encoded(parts, raw_total, wire_total, copied - started, time.perf_counter() - copied)
 
 
 class ExtractStream:
+    """One response body. Results are encoded on the shared encoder pool as soon as they arrive, all of
+    a forward pass's samples at once (in parallel), and written in arrival order; frame seqs are handed
+    out when a result is submitted (``n_frames``), so the order on the wire is fixed before encoding."""
+
     def __init__(
         self,
         sched: Scheduler,
@@ -121,7 +169,8 @@ class ExtractStream:
         self.sched, self.req, self.header, self.opts = sched, req, header, opts
         self.executor, self.metrics = executor, metrics
         self.heartbeat_s, self.chunk_bytes = heartbeat_s, chunk_bytes
-        self.seq = 0
+        self.seq = 0  # next seq to hand out
+        self.sent_seq = 0  # next seq to reach the wire (terminal frames use it)
         self.counts = {"n_samples": 0, "n_failed": 0, "n_tokens": 0, "payload_bytes": 0, "raw_bytes": 0}
         self.completed: list[str] = []
 
@@ -130,53 +179,76 @@ class ExtractStream:
         self.seq += 1
         return data
 
+    def _terminal(self, ftype: FrameType, meta: dict[str, Any]) -> bytes:
+        """END or ERROR, numbered after the last frame written (encodes still pending are dropped)."""
+        self.seq = self.sent_seq
+        return self._frame(ftype, meta)
+
     def close(self) -> None:
         self.sched.close(self.req)
 
-    async def body(self) -> AsyncIterator[bytes | memoryview]:
+    async def body(self) -> AsyncIterator[Buffer]:
         loop = asyncio.get_running_loop()
         req = self.req
-        out: list[bytes] = [self._frame(FrameType.HEADER, self.header.to_dict())]
+        encoding: deque[tuple[Result, int, asyncio.Future[Encoded]]] = deque()
+        yield self._frame(FrameType.HEADER, self.header.to_dict())
+        self.sent_seq = self.seq
         n_left = len(req.samples)
+        out: list[Buffer] = []
+        out_bytes, out_frames = 0, 0  # in `out`, not written yet
+        unreleased: list[Result] = []
         try:
             while n_left:
-                if sum(map(len, out)):
+                results = req.take_results() if encoding else await req.next_results(self.heartbeat_s)
+                if req.abort_error is not None:
                     for piece in self._pieces(out):
                         yield piece
-                    out = []
-                results = await req.next_results(self.heartbeat_s)
-                if req.abort_error is not None:
+                    self.sent_seq += out_frames
                     abort = AbortMeta(ErrorInfo.from_dict(req.abort_error), tuple(self.completed))
-                    yield self._frame(FrameType.ERROR, abort.to_dict())
+                    yield self._terminal(FrameType.ERROR, abort.to_dict())
                     return
-                if not results:
-                    out.append(self._frame(FrameType.HEARTBEAT, {}))
-                    continue
                 for result in results:
-                    frames, raw, wire = await loop.run_in_executor(
-                        self.executor, encode_result, result, self.seq, self.opts
-                    )
-                    self.seq += len(frames)
-                    self.sched.consumed(req, result)
-                    self._count(result, raw, wire)
-                    out.extend(frames)
-                    n_left -= 1
-                    if sum(map(len, out)) >= self.chunk_bytes:
-                        for piece in self._pieces(out):
-                            yield piece
-                        out = []
-                    self.sched.release(req, result.sample.n_tokens)  # streamed out (or buffered in `out`)
+                    future = loop.run_in_executor(self.executor, encode_result, result, self.seq, self.opts)
+                    count = n_frames(result, self.opts.max_payload_bytes)
+                    self.seq += count
+                    encoding.append((result, count, future))
+                if not encoding:
+                    heartbeat = self._frame(FrameType.HEARTBEAT, {})
+                    self.sent_seq = self.seq
+                    yield heartbeat
+                    continue
+                result, count, future = encoding.popleft()
+                encoded = await future
+                self.sched.consumed(req, result)
+                self._count(result, encoded)
+                out.extend(encoded.parts)
+                out_bytes += encoded.wire_bytes
+                out_frames += count
+                unreleased.append(result)
+                n_left -= 1
+                if out_bytes >= self.chunk_bytes or not encoding or not encoding[0][2].done():
+                    started = time.perf_counter()
+                    for piece in self._pieces(out):
+                        yield piece
+                    self.metrics.inc("eagle3_stage_seconds_total", time.perf_counter() - started, stage="send")
+                    self.sent_seq += out_frames
+                    out, out_bytes, out_frames = [], 0, 0
+                    for done in unreleased:
+                        self.sched.release(req, done.sample.n_tokens)
+                    unreleased = []
             out.append(self._frame(FrameType.END, EndMeta(n_frames=self.seq + 1, **self.counts).to_dict()))
             for piece in self._pieces(out):
                 yield piece
         except Exception as exc:
             logger.exception("request %s: stream failed", req.request_id)
             error = ErrorInfo.from_dict(error_meta("internal", f"server error while streaming: {exc}"[:500]))
-            yield self._frame(FrameType.ERROR, AbortMeta(error, tuple(self.completed)).to_dict())
+            yield self._terminal(FrameType.ERROR, AbortMeta(error, tuple(self.completed)).to_dict())
         finally:
+            for _, _, future in encoding:
+                future.cancel()
             self.close()
 
-    def _count(self, result: Result, raw: int, wire: int) -> None:
+    def _count(self, result: Result, encoded: Encoded) -> None:
         if result.error is None:
             self.counts["n_samples"] += 1
             self.counts["n_tokens"] += result.sample.n_tokens
@@ -185,28 +257,53 @@ class ExtractStream:
         else:
             self.counts["n_failed"] += 1
             self.metrics.inc("eagle3_samples_total", outcome="failed")
-        self.counts["payload_bytes"] += wire
-        self.counts["raw_bytes"] += raw
-        self.metrics.inc("eagle3_stream_bytes_total", wire, kind="wire")
-        self.metrics.inc("eagle3_stream_bytes_total", raw, kind="raw")
+        self.counts["payload_bytes"] += encoded.wire_bytes
+        self.counts["raw_bytes"] += encoded.raw_bytes
+        self.metrics.inc("eagle3_stream_bytes_total", encoded.wire_bytes, kind="wire")
+        self.metrics.inc("eagle3_stream_bytes_total", encoded.raw_bytes, kind="raw")
+        self.metrics.inc("eagle3_stage_seconds_total", encoded.copy_s, stage="copy")
+        self.metrics.inc("eagle3_stage_seconds_total", encoded.encode_s, stage="encode")
 
-    def _pieces(self, frames: list[bytes]) -> list[bytes | memoryview]:
-        """Small frames joined, big ones sliced: HTTP writes of about ``chunk_bytes`` each."""
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
-        view = memoryview(data)
-        return [view[i : i + self.chunk_bytes] for i in range(0, len(data), self.chunk_bytes)]
+    def _pieces(self, parts: list[Buffer]) -> list[Buffer]:
+        """HTTP writes of about ``chunk_bytes``: runs of small parts joined, big parts sliced (not copied)."""
+        pieces: list[Buffer] = []
+        small: list[Buffer] = []
+        small_bytes = 0
+        for part in parts:
+            size = memoryview(part).nbytes
+            if size < self.chunk_bytes // 4:
+                small.append(part)
+                small_bytes += size
+                if small_bytes < self.chunk_bytes:
+                    continue
+                part, size, small, small_bytes = b"".join(small), small_bytes, [], 0
+            elif small:
+                pieces.append(b"".join(small))
+                small, small_bytes = [], 0
+            view = memoryview(part).cast("B")
+            pieces.extend(view[i : i + self.chunk_bytes] for i in range(0, size, self.chunk_bytes))
+        if small:
+            pieces.append(b"".join(small))
+        return pieces
 
 
 class FrameStreamResponse(StreamingResponse):
     """A StreamingResponse that closes its stream when the response ends for any reason (the client
     vanished while the generator sat at a ``yield`` included), so budget always comes back."""
 
-    def __init__(self, stream: ExtractStream, headers: dict[str, str]) -> None:
-        super().__init__(stream.body(), media_type=CONTENT_TYPE, headers=headers)
+    def __init__(
+        self, stream: ExtractStream, headers: dict[str, str], on_close: Callable[[], None] | None = None
+    ) -> None:
+        body = cast(AsyncIterator[bytes | memoryview], stream.body())  # bytearray parts are bytes-like too
+        super().__init__(body, media_type=CONTENT_TYPE, headers=headers)
         self.stream = stream
+        self.on_close = on_close  # once, when the response ends for any reason (the tenant's connection slot)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.stream.close()
+            on_close, self.on_close = self.on_close, None
+            if on_close is not None:
+                on_close()

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from eagle3.core.conversations import Message, RowError
 from eagle3.core.masking import ChatTokenizer, TemplateError
 from eagle3.core.protocol.limits import MAX_REQUEST_ID_BYTES, sample_id_bytes, sample_id_problem
-from eagle3.core.protocol.wire import CODECS
+from eagle3.core.protocol.wire import REQUEST_CODECS
 from eagle3.server.chat_limits import ChatLimits
 from eagle3.server.errors import ApiError
 from eagle3.server.scheduler import Sample
@@ -31,14 +31,14 @@ class SampleIn(BaseModel):
 class ExtractRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     samples: list[SampleIn] = Field(min_length=1)
-    codec: StrictStr | None = None  # one of eagle3.core.protocol.wire.CODECS
+    codec: StrictStr | None = None  # one of eagle3.core.protocol.wire.REQUEST_CODECS (auto: the server picks)
     zstd_level: StrictInt = Field(default=1, ge=1, le=19)
 
     @field_validator("codec")
     @classmethod
     def _known_codec(cls, value: str | None) -> str | None:
-        if value is not None and value not in CODECS:
-            raise ValueError(f"unknown codec {value!r}; choose one of {', '.join(CODECS)}")
+        if value is not None and value not in REQUEST_CODECS:
+            raise ValueError(f"unknown codec {value!r}; choose one of {', '.join(REQUEST_CODECS)}")
         return value
 
 

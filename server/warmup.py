@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from eagle3.core.codec import decode_payload, parse_safetensors
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec, FrameDecoder, FrameType
 from eagle3.core.protocol.wire import DataMeta, EndMeta
+from eagle3.server.codec_choice import AUTO, AUTO_COMPRESSED
 from eagle3.server.scheduler import Sample
 from eagle3.server.stream import EncodeOptions, ExtractStream, stream_header
 from eagle3.server.validation import check_samples, parse_request
@@ -90,7 +91,8 @@ def warm_up(rt: Runtime) -> dict[str, float]:
         chat=rt.chat,
     )
     timings["validate_s"] = time.monotonic() - started
-    codecs = [CODEC_NAMES[settings.default_codec]] + [c for c in Codec if c != CODEC_NAMES[settings.default_codec]]
+    first = AUTO_COMPRESSED if settings.default_codec == AUTO else CODEC_NAMES[settings.default_codec]
+    codecs = [first] + [c for c in Codec if c != first]
     for k, codec in enumerate(codecs):
         batch = samples if k == 0 else samples[:1]  # every length once, then each other codec on one sample
         stage_started = time.monotonic()

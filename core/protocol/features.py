@@ -23,7 +23,9 @@ Invariants:
   the final norm, so ``final_norm_applied`` is always false.
 * The manifest is the truth. A shard file without a manifest line is an orphan (a crash between
   rename and append) and is ignored and may be deleted; a manifest line whose shard is missing or
-  whose sha256 differs is corruption and fails loudly.
+  whose checksum differs is corruption and fails loudly. The checksum is ``xxh3_128`` (written since
+  the serving path went to GPU speed: ~10x sha256's rate) or, in older manifests, ``sha256``; readers
+  accept both.
 * Shards are written to a unique ``.tmp`` name, fsynced, renamed, and only then recorded.
 * A sample id appears in at most one manifest line; resume requests exactly the ids not yet recorded.
 """
@@ -90,16 +92,20 @@ class ShardRecord:
     sample_ids: tuple[str, ...]
     n_tokens: tuple[int, ...]  # per sample, same order as sample_ids
     bytes: int  # file size
-    sha256: str  # of the whole file
+    sha256: str  # of the whole file; "" in shards written since xxh3_128 (older manifests have only this)
     model_id: str
     aux_layer_ids: tuple[int, ...]
+    xxh3_128: str = ""  # of the whole file (hex): the digest new shards get (memory speed, xxhash)
 
     def __post_init__(self) -> None:
         if len(self.sample_ids) != len(self.n_tokens) or not self.sample_ids:
             raise FeaturesFormatError(f"manifest line for {self.shard}: sample_ids and n_tokens disagree or empty")
+        if not self.sha256 and not self.xxh3_128:
+            raise FeaturesFormatError(f"manifest line for {self.shard}: no checksum (xxh3_128 or sha256)")
 
     def to_line(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":")) + "\n"
+        fields = {k: v for k, v in asdict(self).items() if v != "" or k not in ("sha256", "xxh3_128")}
+        return json.dumps(fields, separators=(",", ":")) + "\n"
 
     @classmethod
     def from_line(cls, line: str, where: str) -> ShardRecord:
@@ -110,9 +116,10 @@ class ShardRecord:
                 sample_ids=tuple(str(s) for s in data["sample_ids"]),
                 n_tokens=tuple(int(n) for n in data["n_tokens"]),
                 bytes=int(data["bytes"]),
-                sha256=str(data["sha256"]),
+                sha256=str(data.get("sha256", "")),
                 model_id=str(data["model_id"]),
                 aux_layer_ids=tuple(int(i) for i in data["aux_layer_ids"]),
+                xxh3_128=str(data.get("xxh3_128", "")),
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise FeaturesFormatError(f"{where}: not a manifest record ({exc})") from None

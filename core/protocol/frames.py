@@ -21,7 +21,8 @@ out, so one flipped bit in a length or a seq could turn a delivered sample into 
 Invariants enforced by ``FrameDecoder`` *before* it allocates or parses anything: magic and version,
 known type and codec, flags and reserved 0, ``seq`` strictly +1, both lengths within bounds; then the
 checksum, before the meta is parsed. The payload codec (zstd, byte-plane shuffle) lives in
-``eagle3.core.codec``: this module only moves bytes.
+``eagle3.core.codec``: this module only moves bytes. ``frame_head`` lets the server
+write a payload's parts right after it without joining them (no copy of large tensors).
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ import enum
 import json
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+Buffer = bytes | bytearray | memoryview  # anything zlib.crc32 and a socket write take
 
 PROTOCOL_VERSION = 2
 MAGIC = b"E3F" + bytes([PROTOCOL_VERSION])
@@ -41,6 +45,7 @@ FIXED_HEADER_BYTES = FIXED_HEADER.size  # 32
 CRC_OFFSET = 24  # the checksum's own bytes, [24, 28), are the only ones it does not cover
 MAX_META_BYTES = 1 << 20  # 1 MiB of JSON
 DEFAULT_MAX_PAYLOAD_BYTES = 256 << 20  # 256 MiB per frame (the server chunks longer samples)
+DIRECT_FILL_BYTES = 256 << 10  # FrameDecoder: bodies this big skip the shared buffer (one copy, not two)
 
 
 class FrameType(enum.IntEnum):
@@ -83,28 +88,37 @@ class Frame:
     type: FrameType
     seq: int
     meta: dict[str, Any] = field(default_factory=dict)
-    payload: bytes = b""
+    payload: Buffer = b""
     codec: Codec = Codec.NONE
+
+
+def frame_crc(head: Buffer, meta: Buffer, payload_parts: Sequence[Buffer]) -> int:
+    """CRC-32 of a frame: its fixed header without the checksum field, then meta, then the payload."""
+    with memoryview(head) as h:
+        crc = zlib.crc32(h[CRC_OFFSET + 4 : FIXED_HEADER_BYTES], zlib.crc32(h[:CRC_OFFSET]))
+    crc = zlib.crc32(meta, crc)
+    for part in payload_parts:
+        crc = zlib.crc32(part, crc)
+    return crc
+
+
+def frame_head(
+    ftype: FrameType, seq: int, meta: dict[str, Any], payload_parts: Sequence[Buffer] = (), codec: Codec = Codec.NONE
+) -> bytes:
+    """Fixed header + meta of a frame whose payload is ``payload_parts`` concatenated. The parts are
+    not copied: the caller writes them right after the head (the server streams big tensors this way)."""
+    meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
+    if len(meta_bytes) > MAX_META_BYTES:
+        raise ProtocolError(f"frame meta is {len(meta_bytes)} bytes, over the {MAX_META_BYTES} limit")
+    payload_len = sum(memoryview(part).nbytes for part in payload_parts)
+    head = bytearray(FIXED_HEADER.pack(MAGIC, ftype, codec, 0, seq, len(meta_bytes), payload_len, 0, 0))
+    head[CRC_OFFSET : CRC_OFFSET + 4] = frame_crc(head, meta_bytes, payload_parts).to_bytes(4, "little")
+    return bytes(head) + meta_bytes
 
 
 def encode_frame(frame: Frame) -> bytes:
     """Serialize one frame (header + meta + payload) into a single bytes object."""
-    meta = json.dumps(frame.meta, separators=(",", ":")).encode()
-    if len(meta) > MAX_META_BYTES:
-        raise ProtocolError(f"frame meta is {len(meta)} bytes, over the {MAX_META_BYTES} limit")
-    head = bytearray(
-        FIXED_HEADER.pack(MAGIC, frame.type, frame.codec, 0, frame.seq, len(meta), len(frame.payload), 0, 0)
-    )
-    crc = frame_crc(head, meta, frame.payload)
-    head[CRC_OFFSET : CRC_OFFSET + 4] = crc.to_bytes(4, "little")
-    return b"".join((head, meta, frame.payload))
-
-
-def frame_crc(head: bytes | bytearray | memoryview, meta: bytes | memoryview, payload: bytes | memoryview) -> int:
-    """CRC-32 of a frame: its fixed header without the checksum field, then meta, then payload."""
-    crc = zlib.crc32(head[:CRC_OFFSET])
-    crc = zlib.crc32(head[CRC_OFFSET + 4 : FIXED_HEADER_BYTES], crc)
-    return zlib.crc32(payload, zlib.crc32(meta, crc))
+    return b"".join((frame_head(frame.type, frame.seq, frame.meta, (frame.payload,), frame.codec), frame.payload))
 
 
 class FrameDecoder:
@@ -120,14 +134,35 @@ class FrameDecoder:
         self._next_seq = 0
         self._pending: tuple[int, int, int, int, int, int] | None = None  # type codec seq meta_len payload_len crc
         self._pending_head = b""  # the pending frame's fixed header bytes (checksummed with its body)
+        self._body: bytearray | None = None  # a big pending frame's meta + payload, filled in place
+        self._body_filled = 0
         self.finished = False  # a terminal frame was seen
 
-    def feed(self, chunk: bytes | bytearray | memoryview) -> list[Frame]:
-        """Frames completed by ``chunk``. Each payload is copied exactly once (buffer -> ``bytes``):
-        the CRC and the meta are read through a memoryview of the buffer, never through a slice copy."""
+    def feed(self, chunk: Buffer) -> list[Frame]:
+        """Frames completed by ``chunk``. Each payload byte is copied once: a frame body of at least
+        ``DIRECT_FILL_BYTES`` goes straight from the chunks into its own buffer (the payload is then a
+        memoryview of it); smaller frames pass through a shared buffer and are copied out of it."""
         if chunk and self.finished:
             raise ProtocolError("bytes after the terminal frame")
-        self._buf += chunk
+        data = memoryview(chunk).cast("B")
+        frames: list[Frame] = []
+        if self._body is not None:
+            n = min(len(self._body) - self._body_filled, len(data))
+            self._body[self._body_filled : self._body_filled + n] = data[:n]
+            self._body_filled += n
+            data = data[n:]
+            if self._body_filled < len(self._body):
+                return frames
+            frames.append(self._complete(memoryview(self._body)))
+            self._body = None
+            if self.finished and len(data):
+                raise ProtocolError("bytes after the terminal frame")
+        if len(data):
+            self._buf += data
+            frames += self._parse_buffer()
+        return frames
+
+    def _parse_buffer(self) -> list[Frame]:
         frames: list[Frame] = []
         offset = 0
         with memoryview(self._buf) as view:  # released before the buffer is trimmed below
@@ -137,26 +172,18 @@ class FrameDecoder:
                         break
                     self._pending = self._parse_header(offset)
                     offset += FIXED_HEADER_BYTES
-                ftype, codec, seq, meta_len, payload_len, crc = self._pending
-                if len(view) - offset < meta_len + payload_len:
+                body_len = self._pending[3] + self._pending[4]
+                if len(view) - offset < body_len:
+                    if body_len >= DIRECT_FILL_BYTES:  # fill its own buffer from here on
+                        self._body = bytearray(body_len)
+                        self._body_filled = len(view) - offset
+                        self._body[: self._body_filled] = view[offset:]
+                        offset = len(view)
                     break
-                meta_end = offset + meta_len
-                with view[offset:meta_end] as meta_view, view[meta_end : meta_end + payload_len] as payload_view:
-                    if frame_crc(self._pending_head, meta_view, payload_view) != crc:
-                        raise ProtocolError(f"frame {seq}: checksum mismatch")
-                    meta_bytes, payload = meta_view.tobytes(), payload_view.tobytes()
-                offset = meta_end + payload_len
-                self._pending = None
-                try:
-                    meta = json.loads(meta_bytes) if meta_bytes else {}
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise ProtocolError(f"frame {seq}: meta is not JSON ({exc})") from None
-                if not isinstance(meta, dict):
-                    raise ProtocolError(f"frame {seq}: meta is not a JSON object")
-                frame = Frame(FrameType(ftype), seq, meta, payload, Codec(codec))
-                frames.append(frame)
-                if frame.type in TERMINAL:
-                    self.finished = True
+                with view[offset : offset + body_len] as body:
+                    frames.append(self._complete(body, copy=True))
+                offset += body_len
+                if self.finished:
                     if offset != len(view):
                         raise ProtocolError("bytes after the terminal frame")
                     break
@@ -166,9 +193,31 @@ class FrameDecoder:
             del self._buf[:offset]
         return frames
 
+    def _complete(self, body: memoryview, copy: bool = False) -> Frame:
+        """The pending frame from its meta + payload bytes: checksum, then meta; ``copy`` when ``body``
+        is a view of the shared buffer (the payload must outlive it)."""
+        assert self._pending is not None
+        ftype, codec, seq, meta_len, _payload_len, crc = self._pending
+        self._pending = None
+        meta_view, payload_view = body[:meta_len], body[meta_len:]
+        if frame_crc(self._pending_head, meta_view, (payload_view,)) != crc:
+            raise ProtocolError(f"frame {seq}: checksum mismatch")
+        meta_bytes = meta_view.tobytes()
+        payload: Buffer = payload_view.tobytes() if copy else payload_view
+        try:
+            meta = json.loads(meta_bytes) if meta_bytes else {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProtocolError(f"frame {seq}: meta is not JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise ProtocolError(f"frame {seq}: meta is not a JSON object")
+        frame = Frame(FrameType(ftype), seq, meta, payload, Codec(codec))
+        if frame.type in TERMINAL:
+            self.finished = True
+        return frame
+
     def close(self) -> None:
         """Call at end of stream: raises TruncatedStreamError unless a terminal frame closed it cleanly."""
-        if self._buf or self._pending is not None:
+        if self._buf or self._pending is not None or self._body is not None:
             raise TruncatedStreamError("stream ended inside a frame")
         if not self.finished:
             raise TruncatedStreamError("stream ended without an END or ERROR frame")

@@ -135,6 +135,7 @@ class StreamHeader(WireObject):
     dtype: str = "bfloat16"
     final_norm_applied: bool = False
     protocol: int = PROTOCOL_VERSION
+    codec: str | None = None  # the codec this stream's DATA frames use (codec auto decides per request)
 
     def __post_init__(self) -> None:
         _nonneg("StreamHeader", hidden_size=self.hidden_size, n_samples=self.n_samples, n_tokens=self.n_tokens)
@@ -217,6 +218,8 @@ class ServerInfo(WireObject):
     chat_template: bool = False
     final_norm_applied: bool = False
     protocol_version: int = PROTOCOL_VERSION
+    benchmark_only: bool = False  # the synthetic backend: states that no model computed
+    codec_auto: dict[str, float] = field(default_factory=dict)  # how codec auto decides (encode rate, link)
     url: str = field(default="", metadata={"local": True})  # where the SDK asked; not on the wire
 
     def limit(self, name: str, default: int) -> int:
@@ -225,3 +228,5 @@ class ServerInfo(WireObject):
 
 
 CODECS = tuple(CODEC_NAMES)  # the one list of codec names (frames.Codec holds their ids)
+AUTO_CODEC = "auto"  # a request (or the server's default) may leave the choice to the server
+REQUEST_CODECS = (AUTO_CODEC, *CODECS)

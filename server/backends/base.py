@@ -52,6 +52,20 @@ class VllmOptions:
 
 
 @dataclass(frozen=True)
+class SyntheticOptions:
+    """The synthetic backend's shape (benchmarks and tests only; server/backends/synthetic.py)."""
+
+    hidden_size: int = 4096
+    num_hidden_layers: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_hidden_layers"):
+            if getattr(self, name) <= 0:
+                raise BackendError(f"synthetic backend: {name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     model: str  # a local HF directory or the embedded default's name (eagle3.core.models.resolve_model_dir)
     aux_layer_ids: tuple[int, ...] | None = None  # None: (2, N // 2, N - 3)
@@ -62,6 +76,7 @@ class BackendConfig:
     tensor_parallel_size: int = 1  # vllm only
     trust_remote_code: bool = False  # run the checkpoint's own modelling code
     vllm: VllmOptions = field(default_factory=VllmOptions)
+    synthetic: SyntheticOptions = field(default_factory=SyntheticOptions)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ Batching depends on the dtype's contract (docs/architecture.md, "Layer ids": fp3
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -30,8 +31,10 @@ from typing import Any
 import torch
 
 from eagle3.core.layers import tap_module
+from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
-from eagle3.server.backends.identity import backend_info, open_checkpoint
+from eagle3.server.backends.dummy_model import build_dummy_model, dummy_revision, is_dummy
+from eagle3.server.backends.identity import backend_info, checkpoint_from_config, open_checkpoint
 
 logger = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -47,9 +50,10 @@ class HfBackend:
         self.info: BackendInfo | None = None
         self._taps: dict[int, torch.Tensor] = {}  # module slot -> its output for the current call
         self._hooks: list[Any] = []
+        self._copy_stream: Any = None  # CUDA only: device-to-host copies (``_to_host``)
 
     def load(self, progress: ProgressCallback) -> BackendInfo:
-        from transformers import AutoModel
+        from transformers import AutoConfig, AutoModel
 
         started = time.monotonic()
         device = self.config.device
@@ -57,17 +61,32 @@ class HfBackend:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise BackendError("--device cuda but torch sees no CUDA device")
-        ckpt = open_checkpoint(self.config, progress)
+        if is_dummy(self.config.model):  # random weights of a named shape, made on the device (dummy_model.py)
+            progress("resolving model", 0.0)
+            model_dir = resolve_model_dir(DEFAULT_MODEL)  # the tokenizer's
+            vocab_size = int(AutoConfig.from_pretrained(model_dir).vocab_size)
+            progress("loading weights", 0.1)
+            model, hf_config = build_dummy_model(self.config.model, vocab_size, DTYPES[self.config.dtype], device)
+            ckpt = checkpoint_from_config(model_dir, hf_config, self.config)
+        else:  # on CUDA straight to the device (device_map): no full copy of the checkpoint in host memory
+            ckpt = open_checkpoint(self.config, progress)
+            progress("loading weights", 0.1)
+            placement = {"device_map": device} if device != "cpu" else {}
+            model = AutoModel.from_pretrained(  # base model: no lm_head
+                ckpt.model_dir,
+                dtype=DTYPES[self.config.dtype],
+                trust_remote_code=self.config.trust_remote_code,
+                **placement,
+            )
         model_dir = ckpt.model_dir
-        progress("loading weights", 0.1)
-        model = AutoModel.from_pretrained(  # base model: no lm_head
-            model_dir, dtype=DTYPES[self.config.dtype], trust_remote_code=self.config.trust_remote_code
-        )
         self.model = model.to(device).eval().requires_grad_(False)
         self.device = torch.device(device)
         self._install_hooks(ckpt.aux_layer_ids, ckpt.num_hidden_layers)
         vocab_rows = int(self.model.get_input_embeddings().weight.shape[0])
         self.info = backend_info(ckpt, self.config, self.name, device, vocab_size=vocab_rows)
+        if is_dummy(self.config.model):
+            revision = dummy_revision(self.config.model, vocab_rows)
+            self.info = dataclasses.replace(self.info, model_id=self.config.model, revision=revision)
         max_model_len = ckpt.max_model_len
         progress("warming up", 0.9)
         self.extract([[0] * min(8, max_model_len)])
@@ -113,12 +132,29 @@ class HfBackend:
                 rows = torch.zeros((len(group), width), dtype=torch.long)  # [B, T]: right-padded with id 0
                 for row, i in enumerate(group):
                     rows[row, : len(batch[i])] = torch.tensor(list(batch[i]), dtype=torch.long)
-                states = self._forward(rows.to(self.device)).cpu()  # [B, T, L+1, H]
+                states = self._to_host(self._forward(rows.to(self.device)))  # [B, T, L+1, H]
                 for row, i in enumerate(group):
-                    out[i] = states[row, : len(batch[i])].contiguous()  # [T_i, L+1, H]
+                    out[i] = states[row, : len(batch[i])]  # [T_i, L+1, H]: a prefix of a row, contiguous
+            if self._copy_stream is not None:
+                self._copy_stream.synchronize()  # every group's device-to-host copy has landed
         except (RuntimeError, ValueError, IndexError) as exc:
             raise BackendError(f"forward pass failed: {exc}") from exc
         return [t for t in out if t is not None]
+
+    def _to_host(self, states: torch.Tensor) -> torch.Tensor:
+        """CPU copy of ``states``. On CUDA: into pinned memory on a side stream, without waiting, so the
+        copy of group k overlaps the forward pass of group k+1 (``extract`` synchronizes once at the
+        end; torch's caching host allocator reuses the pinned blocks)."""
+        if self.device.type != "cuda":
+            return states.cpu()
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # the forward pass wrote it
+        with torch.cuda.stream(self._copy_stream):
+            host.copy_(states, non_blocking=True)
+        states.record_stream(self._copy_stream)  # not reused by the next forward pass until copied
+        return host
 
     def _groups(self, batch: Sequence[Sequence[int]]) -> list[list[int]]:
         """Indices into ``batch``, one list per forward call (see the module docstring)."""

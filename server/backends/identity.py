@@ -45,6 +45,11 @@ def open_checkpoint(config: BackendConfig, progress: ProgressCallback) -> Checkp
     progress("resolving model", 0.0)
     model_dir = resolve_model_dir(config.model)
     hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
+    return checkpoint_from_config(model_dir, hf_config, config)
+
+
+def checkpoint_from_config(model_dir: Path, hf_config: Any, config: BackendConfig) -> Checkpoint:
+    """The checks of ``open_checkpoint`` on a config already in hand (``--model dummy:<shape>``)."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     n_layers = int(text.num_hidden_layers)
     try:

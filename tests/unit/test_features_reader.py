@@ -83,5 +83,5 @@ def test_reader_refuses_a_shard_that_disagrees_with_the_manifest(written):
     path = out / SHARDS_DIR / record.shard
     path.write_bytes(path.read_bytes()[:-8] + b"\0" * 8)  # same size, other bytes
     FeaturesReader(out)
-    with pytest.raises(FeaturesFormatError, match="sha256"):
+    with pytest.raises(FeaturesFormatError, match="checksum differs"):
         FeaturesReader(out, verify=True)

@@ -94,7 +94,26 @@ def test_verify_catches_a_flipped_byte(tmp_path):
     data[-1] ^= 1
     shard.write_bytes(bytes(data))
     FeaturesWriter.open(tmp_path, META)  # sizes match: the cheap check passes
-    with pytest.raises(FeaturesFormatError, match="sha256"):
+    with pytest.raises(FeaturesFormatError, match="checksum differs"):
+        FeaturesWriter.open(tmp_path, META, verify=True)
+
+
+def test_old_manifests_with_sha256_still_verify_and_new_ones_carry_xxh3(tmp_path):
+    import hashlib
+    import json
+
+    write(tmp_path, [sample(0)])
+    manifest = tmp_path / MANIFEST_FILE
+    line = json.loads(manifest.read_text())
+    (shard,) = (tmp_path / SHARDS_DIR).iterdir()
+    assert "sha256" not in line and len(line["xxh3_128"]) == 32
+    old = {k: v for k, v in line.items() if k != "xxh3_128"}  # a manifest line as older writers made it
+    old["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(old) + "\n")
+    FeaturesWriter.open(tmp_path, META, verify=True)
+    old["sha256"] = "0" * 64
+    manifest.write_text(json.dumps(old) + "\n")
+    with pytest.raises(FeaturesFormatError, match="checksum differs"):
         FeaturesWriter.open(tmp_path, META, verify=True)
 
 

@@ -87,3 +87,46 @@ def test_payload_limit_is_configurable():
     wire = b"".join(encode_frame(f) for f in stream())
     with pytest.raises(ProtocolError, match="payload length 5 over the 4 limit"):
         FrameDecoder(max_payload_bytes=4).feed(wire)
+
+
+def test_big_frames_fill_their_own_buffer_across_any_chunking():
+    import random
+
+    from eagle3.core.protocol.frames import DIRECT_FILL_BYTES
+
+    rng = random.Random(0)
+    big = bytes(rng.randrange(256) for _ in range(3 * DIRECT_FILL_BYTES + 7))
+    frames = [
+        Frame(FrameType.HEADER, 0, {"n": 1}),
+        Frame(FrameType.DATA, 1, {"i": 1}, big, Codec.NONE),
+        Frame(FrameType.HEARTBEAT, 2, {}),
+        Frame(FrameType.DATA, 3, {"i": 3}, big[::-1], Codec.ZSTD),
+        Frame(FrameType.END, 4, {"n_frames": 5}),
+    ]
+    wire = b"".join(encode_frame(f) for f in frames)
+    for max_chunk in (1, 97, 70_000, len(wire)):
+        decoder, got, pos = FrameDecoder(), [], 0
+        while pos < len(wire):
+            step = rng.randint(1, max_chunk) if max_chunk > 1 else 1
+            if max_chunk == 1 and 100 < pos < len(wire) - 100:
+                step = rng.randint(1, 5000)  # byte-at-a-time only around the edges: keep it quick
+            got += decoder.feed(wire[pos : pos + step])
+            pos += step
+        decoder.close()
+        assert [(f.type, f.seq, f.meta, bytes(f.payload), f.codec) for f in got] == [
+            (f.type, f.seq, f.meta, bytes(f.payload), f.codec) for f in frames
+        ]
+    corrupt = bytearray(wire)
+    corrupt[len(encode_frame(frames[0])) + 32 + 20 + DIRECT_FILL_BYTES] ^= 1  # inside the big payload
+    decoder = FrameDecoder()
+
+    def feed_all() -> None:
+        for i in range(0, len(corrupt), 65536):
+            decoder.feed(bytes(corrupt[i : i + 65536]))
+
+    with pytest.raises(ProtocolError, match="checksum"):
+        feed_all()
+    decoder = FrameDecoder()
+    decoder.feed(wire[: len(encode_frame(frames[0])) + 100_000])  # stops inside the big body
+    with pytest.raises(TruncatedStreamError):
+        decoder.close()
