@@ -20,7 +20,7 @@ So a term ``(k, t)`` depends only on features at rows ``<= t+k+1`` of its own sa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,9 @@ class TTTResult:
     correct: torch.Tensor  # [K] draft argmax == teacher argmax, counted over the terms
     n_terms: torch.Tensor  # [K] terms counted (after the teacher-argmax filter)
     term_losses: list[torch.Tensor]  # per step [T], 0 where not counted (detached; for tests)
+    # per step [T] bool: the draft's token is the teacher's full-vocab argmax (False where the term is not
+    # supervised, and where that argmax lies outside the draft vocab: online such a token is always rejected)
+    hits: list[torch.Tensor] = field(default_factory=list)
 
 
 def ttt_forward(
@@ -161,7 +164,7 @@ def ttt_forward(
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     loss = torch.zeros((), device=device)
-    sums, correct, counted, terms = [], [], [], []
+    sums, correct, counted, terms, hits = [], [], [], [], []
     for k in range(ttt_steps):
         tok_rows = (rows + k + 1).clamp(max=n - 1)  # [T]
         x = draft.layer_inputs(batch.input_ids[tok_rows], hidden)  # [T, 2H]
@@ -184,20 +187,24 @@ def ttt_forward(
         prenorm = draft.finish(out.reshape(n, -1), hidden)  # [T, H]
         mask = step_valid(batch, k) & in_vocab[tok_rows]  # [T]
         term = torch.zeros(n, device=device)
+        hit = torch.zeros(n, dtype=torch.bool, device=device)
         if bool(mask.any()):
             logits = draft.logits(prenorm[mask])  # [m, Vd]
             t_logp = teacher_logp[tok_rows[mask]]  # [m, Vd]
             ce = -(t_logp.exp() * functional.log_softmax(logits.float(), -1)).sum(-1)  # [m]
             loss = loss + (step_decay**k) * ce.sum() / denominators[k].clamp(min=1)
             term = term.index_put((mask.nonzero().squeeze(1),), ce.detach())
-            correct.append((logits.argmax(-1) == teacher_arg[tok_rows[mask]]).sum().float())
+            same_token = logits.argmax(-1) == teacher_arg[tok_rows[mask]]  # [m]
+            hit = hit.index_put((mask.nonzero().squeeze(1),), same_token)
+            correct.append(same_token.sum().float())
         else:
             correct.append(torch.zeros((), device=device))
         sums.append(term.sum())
         counted.append(mask.sum().float())
         terms.append(term)
+        hits.append(hit)
         hidden = prenorm
-    return TTTResult(loss, torch.stack(sums), torch.stack(correct), torch.stack(counted), terms)
+    return TTTResult(loss, torch.stack(sums), torch.stack(correct), torch.stack(counted), terms, hits)
 
 
 def simulated_acceptance(accuracy: list[float]) -> float:
