@@ -98,6 +98,11 @@ def add_trainer_commands(sub: Any) -> None:
     )
     p.add_argument("--engine", choices=("eagle3", "vllm"), default="eagle3", help="decoder (default eagle3)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--same-sequences", action="store_true",
+        help="also score the eval prompts' own greedy sequences offline (features from the verifier, bf16) and "
+        "online, side by side (hf engine; untimed; about doubles the eval time)",
+    )  # fmt: skip
     p.set_defaults(func=run_eval)
 
 
@@ -113,7 +118,7 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"train {state} at step {result.steps} in {result.train_s:.1f} s; run {result.run_dir}")
     if result.heldout:
         accs = "  ".join(f"{100 * a:.1f}%" for a in result.heldout["heldout_acc"])
-        print(f"  held-out acc per step {accs}; simulated tau {1 + result.heldout['heldout_sim_accept']:.2f}")
+        print(f"  held-out acc per step {accs}; offline tau {result.heldout['heldout_tau']:.2f} (rounds replayed)")
     return 0
 
 
@@ -142,6 +147,6 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     result = evaluate(args.export, prepared=args.prepared, features=args.features, model=args.model, k=args.k,
                       n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads,
-                      heldout_fraction=args.heldout_fraction)  # fmt: skip
+                      heldout_fraction=args.heldout_fraction, same_sequences=args.same_sequences)  # fmt: skip
     print(json.dumps(result.to_dict()) if args.json else result.format_text())
     return 0 if result.identical else 1

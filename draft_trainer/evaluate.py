@@ -1,7 +1,10 @@
 """``eagle3 eval``: offline acceptance on held-out features, and real speculative decoding on CPU.
 
 τ (mean acceptance length) = mean over rounds of (accepted drafts + 1): the tokens one verifier
-forward yields. Speedup = the verifier alone's wall time / speculative wall time over the same
+forward yields. Offline τ replays the same round walk on the held-out features
+(``eagle3.draft_trainer.rounds``): a product of per-token accuracies overstates it, because rounds start
+where the draft just failed and so sample hard positions more than tokens do.
+Speedup = the verifier alone's wall time / speculative wall time over the same
 prompts, both greedy with KV cache. Prompts come from the prepared dataset and exclude every prompt
 present in the features directory (the training data), so they were not trained on.
 """
@@ -20,8 +23,10 @@ from eagle3.draft_trainer.data import FeaturesData, is_heldout
 from eagle3.draft_trainer.errors import CheckpointError, DataError
 from eagle3.draft_trainer.export import read_export
 from eagle3.draft_trainer.model import DraftConfig, EagleDraft
+from eagle3.draft_trainer.offline_online import compare_offline_online
+from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
 from eagle3.draft_trainer.speculate import VerifierTaps, greedy_generate, speculative_generate
-from eagle3.draft_trainer.ttt import Teacher, load_verifier_tensors, simulated_acceptance, ttt_forward
+from eagle3.draft_trainer.ttt import Teacher, load_verifier_tensors, ttt_forward
 
 
 @dataclass
@@ -37,7 +42,10 @@ class EvalResult:
     identical: bool  # every speculative output == the verifier's greedy output
     accepted_per_position: list[float] = field(default_factory=list)  # share of rounds accepting >= i+1 drafts
     offline_acc: list[float] = field(default_factory=list)  # per-step accuracy on held-out features
-    offline_tau: float = 0.0  # 1 + simulated acceptance from offline_acc
+    offline_tau: float = 0.0  # the online round walk replayed on the held-out features (rounds.simulate_rounds)
+    offline_accepted_per_position: list[float] = field(default_factory=list)  # the same walk, per position
+    offline_rounds: int = 0
+    same_sequences: dict[str, Any] = field(default_factory=dict)  # OfflineOnline.to_dict() on the eval prompts
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,7 +61,18 @@ class EvalResult:
         ]
         if self.offline_acc:
             accs = "  ".join(f"{100 * a:.1f}%" for a in self.offline_acc)
-            lines.append(f"  offline (held-out features)   acc per step {accs}; tau {self.offline_tau:.2f}")
+            walk = "  ".join(f"{100 * a:.0f}%" for a in self.offline_accepted_per_position)
+            lines.append(f"  offline (held-out features)   per token, acc per step {accs}")
+            lines.append(f"  offline rounds replayed       tau {self.offline_tau:.2f}  ({self.offline_rounds} rounds)"
+                         f"  accepted at position {walk}")  # fmt: skip
+        same = self.same_sequences
+        if same:
+            first = same["offline_accepted_per_position"][0], same["online_accepted_per_position"][0]
+            lines.append(
+                f"  same sequences, offline/online  step-0 per token {100 * same['offline_step0']:.1f}/"
+                f"{100 * same['online_step0']:.1f}%  position 1 per round {100 * first[0]:.1f}/{100 * first[1]:.1f}%"
+                f"  tau {same['offline_tau']:.2f}/{same['online_tau']:.2f}"
+            )
         return "\n".join(lines)
 
 
@@ -117,14 +136,21 @@ def heldout_prompts(
 
 
 @torch.no_grad()
-def offline_acceptance(draft: EagleDraft, teacher: Teacher, features: str | Path, k: int) -> list[float]:
-    data = FeaturesData(features)
+def offline_acceptance(
+    draft: EagleDraft, teacher: Teacher, features: str | Path, k: int, heldout_fraction: float = 0.05
+) -> tuple[list[float], RoundCounts]:
+    """Per-step accuracy (the trainer's count) and the replayed rounds on the held-out split of
+    ``features`` (all of it when the split is empty)."""
+    data = FeaturesData(features, heldout_fraction=heldout_fraction)
     positions = data.split.heldout or data.split.train
     stats = torch.zeros(2, k)
-    for batch in data.plan(positions, 2048, seed=0, epoch=0, shuffle=False, truncate=True):
-        result = ttt_forward(draft, teacher, data.load(batch, 2048), k)
+    rounds = RoundCounts(k)
+    for plan in data.plan(positions, 2048, seed=0, epoch=0, shuffle=False, truncate=True):
+        batch = data.load(plan, 2048)
+        result = ttt_forward(draft, teacher, batch, k)
         stats += torch.stack([result.correct, result.n_terms])
-    return (stats[0] / stats[1].clamp(min=1)).tolist()
+        rounds.merge(simulate_rounds(torch.stack(result.hits), batch.loss_mask, batch.seg_start, batch.seg_end))
+    return (stats[0] / stats[1].clamp(min=1)).tolist(), rounds
 
 
 def evaluate(
@@ -139,7 +165,10 @@ def evaluate(
     threads: int = 1,
     dtype: str = "float32",
     heldout_fraction: float | None = None,
+    same_sequences: bool = False,
 ) -> EvalResult:
+    """Online figures on held-out prompts, offline ones on the held-out features; ``same_sequences``
+    also scores the eval prompts' own greedy sequences both ways (``offline_online``, untimed)."""
     from transformers import AutoModelForCausalLM
 
     from eagle3.core.models import resolve_model_dir
@@ -166,15 +195,21 @@ def evaluate(
         spec_s += spec.seconds
         accepted += spec.accepted
         n_tokens += len(spec.tokens)
-    taps.remove()
     result = EvalResult(
         k=k, n_prompts=len(prompts), tau=sum(a + 1 for a in accepted) / max(1, len(accepted)),
         speedup=base_s / spec_s if spec_s else 0.0, rounds=len(accepted), generated_tokens=n_tokens,
         speculative_s=spec_s, baseline_s=base_s, identical=identical,
         accepted_per_position=[sum(a > i for a in accepted) / max(1, len(accepted)) for i in range(k)],
     )  # fmt: skip
+    teacher = Teacher(tensors["norm"], tensors["lm_head"], draft.cfg.rms_norm_eps)
+    if same_sequences:
+        check = compare_offline_online(verifier, draft, teacher, taps, prompts, k=k, max_new_tokens=max_new_tokens,
+                                       eos_id=eos_id)  # fmt: skip
+        result.same_sequences = check.to_dict()
+    taps.remove()
     if features is not None:
-        teacher = Teacher(tensors["norm"], tensors["lm_head"], draft.cfg.rms_norm_eps)
-        result.offline_acc = offline_acceptance(draft, teacher, features, k)
-        result.offline_tau = 1.0 + simulated_acceptance(result.offline_acc)
+        result.offline_acc, rounds = offline_acceptance(draft, teacher, features, k, heldout_fraction or 0.05)
+        result.offline_tau = rounds.tau
+        result.offline_accepted_per_position = rounds.accepted_per_position
+        result.offline_rounds = rounds.rounds
     return result

@@ -27,12 +27,17 @@ from eagle3.draft_trainer.model import EagleDraft, attend, rope_cos_sin
 
 
 class VerifierTaps:
-    """Forward hooks on a ``LlamaForCausalLM`` that keep the aux states (vLLM ids) of the last call."""
+    """Forward hooks on a ``LlamaForCausalLM`` that keep the aux states (vLLM ids) of the last call.
+
+    The server's hf backend taps the same modules (layer ``k``: ``embed_tokens`` for 0, decoder layer
+    ``k-1`` otherwise; the final state: the last decoder layer's output, before the norm), so ``states``
+    is what extraction stores, before the bf16 cast."""
 
     def __init__(self, model: Any, aux_layer_ids: tuple[int, ...]) -> None:
         self._states: dict[int, torch.Tensor] = {}
         self._hooks = []
-        for slot, k in enumerate(aux_layer_ids):
+        n_layers = len(model.model.layers)
+        for slot, k in enumerate((*aux_layer_ids, n_layers)):  # the aux taps, then the final (pre-norm) state
             self._hooks.append(tap_module(model.model, k).register_forward_hook(self._hook(slot)))
         self.n_aux = len(aux_layer_ids)
 
@@ -45,6 +50,10 @@ class VerifierTaps:
     def aux(self) -> torch.Tensor:
         """[T, n_aux*H] of the last forward (batch row 0)."""
         return torch.cat([self._states[s][0] for s in range(self.n_aux)], dim=-1)
+
+    def states(self) -> torch.Tensor:
+        """[T, n_aux + 1, H] of the last forward: the aux states, then the final pre-norm state."""
+        return torch.stack([self._states[s][0] for s in range(self.n_aux + 1)], dim=1)
 
     def remove(self) -> None:
         for hook in self._hooks:
@@ -130,8 +139,13 @@ def speculative_generate(
     k: int,
     max_new_tokens: int,
     eos_id: int | None,
+    step0_tokens: list[int] | None = None,
 ) -> GenerationStats:
-    """Greedy speculative decoding with ``k`` chained draft tokens per round (see the module docstring)."""
+    """Greedy speculative decoding with ``k`` chained draft tokens per round (see the module docstring).
+
+    ``step0_tokens``, when given, receives the draft's step-0 token of every row it runs step 0 on, in
+    row order (row ``i`` reads token ``i+1`` and predicts token ``i+2`` of prompt + output): the online
+    counterpart of training's step-0 accuracy, per token."""
     from transformers import DynamicCache
 
     started = time.perf_counter()
@@ -148,7 +162,10 @@ def speculative_generate(
     row_tokens = committed[1:] + [next_token]  # step-0 tokens of those rows
     while len(out) < max_new_tokens and next_token != eos_id:
         n = len(committed)
-        pre = draft_step(draft, dcache, torch.tensor(row_tokens), hidden, dcache.length)[-1:]  # [1, H]
+        rows_pre = draft_step(draft, dcache, torch.tensor(row_tokens), hidden, dcache.length)  # [m, H]
+        if step0_tokens is not None:
+            step0_tokens += draft.target_ids[draft.logits(rows_pre).argmax(-1)].tolist()
+        pre = rows_pre[-1:]  # [1, H]
         drafts: list[int] = []
         for j in range(k):
             token = int(draft.target_ids[draft.logits(pre).argmax(-1)])

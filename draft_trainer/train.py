@@ -39,6 +39,7 @@ from eagle3.draft_trainer.config import TrainConfig, resolve_device
 from eagle3.draft_trainer.data import FeaturesData
 from eagle3.draft_trainer.errors import ConfigError, DataError
 from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
+from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
 from eagle3.draft_trainer.ttt import (
     PackedBatch,
     Teacher,
@@ -245,17 +246,26 @@ class Trainer:
         """Per-step accuracy and simulated acceptance on the held-out samples (this rank's share)."""
         cfg = self.cfg
         stats = torch.zeros(3, cfg.ttt_steps, device=self.device)
+        rounds = RoundCounts(cfg.ttt_steps)
         plan = self.data.plan(self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False,
                               truncate=True)  # fmt: skip
         for positions in plan[self.rank :: self.world]:
-            result = ttt_forward(
-                self.model, self.teacher, self.data.load(positions, cfg.max_batch_tokens).to(self.device), cfg.ttt_steps
-            )
+            batch = self.data.load(positions, cfg.max_batch_tokens).to(self.device)
+            result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps)
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
+            rounds.merge(simulate_rounds(torch.stack(result.hits).cpu(), batch.loss_mask.cpu(), batch.seg_start.cpu(),
+                                         batch.seg_end.cpu()))  # fmt: skip
         _all_reduce(stats, self.world)
+        round_sums = rounds.as_tensor().to(self.device)
+        _all_reduce(round_sums, self.world)
+        rounds = RoundCounts.from_tensor(round_sums.cpu())
         acc = (stats[1] / stats[2].clamp(min=1)).tolist()
+        # heldout_tau: the online round walk replayed (draft_trainer.rounds), the figure to compare with
+        # `eagle3 eval`'s tau; heldout_sim_accept multiplies per-token accuracies (an overestimate, kept for logs)
         return {"heldout_acc": acc, "heldout_sim_accept": simulated_acceptance(acc), "heldout_terms": stats[2].tolist(),
-                "heldout_ce": (stats[0] / stats[2].clamp(min=1)).tolist()}  # fmt: skip
+                "heldout_ce": (stats[0] / stats[2].clamp(min=1)).tolist(), "heldout_tau": rounds.tau,
+                "heldout_accepted_per_position": rounds.accepted_per_position,
+                "heldout_rounds": rounds.rounds}  # fmt: skip
 
 
 def _log(path: Path, record: dict[str, Any]) -> None:

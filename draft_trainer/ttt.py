@@ -20,7 +20,7 @@ So a term ``(k, t)`` depends only on features at rows ``<= t+k+1`` of its own sa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,9 @@ class TTTResult:
     correct: torch.Tensor  # [K] draft argmax == teacher argmax, counted over the terms
     n_terms: torch.Tensor  # [K] terms counted (after the teacher-argmax filter)
     term_losses: list[torch.Tensor]  # per step [T], 0 where not counted (detached; for tests)
+    # per step [T] bool: the draft's token is the teacher's full-vocab argmax (False where the term is not
+    # supervised, and where that argmax lies outside the draft vocab: online such a token is always rejected)
+    hits: list[torch.Tensor] = field(default_factory=list)
 
 
 def _teacher_targets(
@@ -186,7 +189,7 @@ def ttt_forward(
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     loss = torch.zeros((), device=device)
-    sums, correct, counted, terms = [], [], [], []
+    sums, correct, counted, terms, hits = [], [], [], [], []
     for k in range(ttt_steps):
         tok_rows = (rows + k + 1).clamp(max=n - 1)  # [T]
         x = draft.layer_inputs(batch.input_ids[tok_rows], hidden)  # [T, 2H]
@@ -198,19 +201,24 @@ def ttt_forward(
         prenorm = draft.finish(out.reshape(n, -1), hidden)  # [T, H]
         mask = step_valid(batch, k) & in_vocab[tok_rows]  # [T]
         term = torch.zeros(n, device=device)
+        hit = torch.zeros(n, dtype=torch.bool, device=device)
         if bool(mask.any()):
             counted_rows = mask.nonzero().squeeze(1)  # [m]
-            ce, hits = chunk_terms(draft, prenorm, counted_rows, tok_rows[counted_rows], teacher_logp, teacher_arg)
+            ce, same_token = chunk_terms(
+                draft, prenorm, counted_rows, tok_rows[counted_rows], teacher_logp, teacher_arg
+            )
             loss = loss + (step_decay**k) * ce.sum() / denominators[k].clamp(min=1)
             term = term.index_put((counted_rows,), ce.detach())
-            correct.append(hits)
+            hit = hit.index_put((counted_rows,), same_token)
+            correct.append(same_token.sum().float())
         else:
             correct.append(torch.zeros((), device=device))
         sums.append(term.sum())
         counted.append(mask.sum().float())
         terms.append(term)
+        hits.append(hit)
         hidden = prenorm
-    return TTTResult(loss, torch.stack(sums), torch.stack(correct), torch.stack(counted), terms)
+    return TTTResult(loss, torch.stack(sums), torch.stack(correct), torch.stack(counted), terms, hits)
 
 
 def simulated_acceptance(accuracy: list[float]) -> float:

@@ -27,11 +27,10 @@ def chunk_rows_for(vocab_size: int) -> int:
 def _chunk(
     draft: EagleDraft, prenorm: torch.Tensor, teacher_logp: torch.Tensor, teacher_arg: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[c, H] prenorm, [c, Vd] teacher log-probs, [c] teacher argmax -> ([c] CE, scalar hits)."""
+    """[c, H] prenorm, [c, Vd] teacher log-probs, [c] teacher argmax -> ([c] CE, [c] bool argmax hits)."""
     logits = draft.logits(prenorm)  # [c, Vd]
     ce = -(teacher_logp.exp() * functional.log_softmax(logits.float(), -1)).sum(-1)  # [c]
-    hits = (logits.argmax(-1) == teacher_arg).sum().float()
-    return ce, hits
+    return ce, logits.argmax(-1) == teacher_arg
 
 
 def chunk_terms(
@@ -42,10 +41,11 @@ def chunk_terms(
     teacher_logp: torch.Tensor,
     teacher_arg: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """CE [m] and argmax hits (scalar) of the ``m`` counted ``rows`` of ``prenorm`` [T, H], whose teacher
-    rows of ``teacher_logp`` [T, Vd] / ``teacher_arg`` [T] are ``teacher_rows`` [m]."""
+    """CE [m] and argmax hits ([m] bool: the draft's top token is the teacher's) of the ``m`` counted
+    ``rows`` of ``prenorm`` [T, H], whose teacher rows of ``teacher_logp`` [T, Vd] / ``teacher_arg`` [T]
+    are ``teacher_rows`` [m]."""
     step = chunk_rows_for(teacher_logp.shape[-1])
-    ces, hits = [], torch.zeros((), device=prenorm.device)
+    ces, hits = [], []
     for start in range(0, rows.shape[0], step):
         part, tpart = rows[start : start + step], teacher_rows[start : start + step]
         args = (draft, prenorm[part], teacher_logp[tpart], teacher_arg[tpart])
@@ -54,5 +54,5 @@ def chunk_terms(
         else:
             ce, hit = _chunk(*args)
         ces.append(ce)
-        hits = hits + hit
-    return torch.cat(ces), hits
+        hits.append(hit)
+    return torch.cat(ces), torch.cat(hits)

@@ -56,12 +56,19 @@ def test_distilled_samples_are_the_verifiers_greedy_answers(trained: dict[str, P
 
 def test_speculative_output_equals_greedy_on_many_prompts(trained: dict[str, Path]) -> None:
     result = evaluate(trained["export"], prepared=trained["prepared"], features=trained["features"],
-                      model=str(trained["model"]), k=3, n_prompts=25, max_new_tokens=24)  # fmt: skip
+                      model=str(trained["model"]), k=3, n_prompts=25, max_new_tokens=24,
+                      same_sequences=True)  # fmt: skip
     assert result.n_prompts >= 20
     assert result.identical
     assert result.tau > 1.3  # drafts were accepted, so the accept path (cache crops, re-drafting) ran
     assert result.accepted_per_position[0] > 0.2
     assert len(result.offline_acc) == 3
+    assert result.offline_rounds > 0 and len(result.offline_accepted_per_position) == 3
+    # the same-sequence pass decodes the same prompts again: the same rounds, and offline agrees with them
+    same = result.same_sequences
+    assert (same["online_rounds"], same["online_tau"]) == (result.rounds, pytest.approx(result.tau))
+    assert abs(same["offline_tau"] - same["online_tau"]) < 0.1
+    assert "same sequences, offline/online" in result.format_text()
 
 
 def test_speculative_output_equals_transformers_generate(trained: dict[str, Path]) -> None:
