@@ -19,9 +19,6 @@ import time
 
 import torch
 
-from draft_trainer.config import load_config
-from draft_trainer.train import Trainer
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False)
@@ -46,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench import train_scaling
 
         return train_scaling.main(args)
+    from draft_trainer.config import load_config
+    from draft_trainer.train import Trainer
+
     if not args.features or not args.vocab:
         parser.error("--features and --vocab are required (or --synthetic)")
     with tempfile.TemporaryDirectory() as out:

@@ -134,7 +134,7 @@ class _BlockwiseStep0(torch.autograd.Function):
                 p = torch.exp(s - lse[a:b].T[..., None])  # [nh, B, S] fp32
                 go = d_out[a:b]  # [B, nh, d]
                 dv[lo:b] += torch.einsum("hqk,qhd->khd", p.to(go.dtype), go).float()
-                dp = torch.einsum("qhd,khd->hqk", go, v0[lo:b]).float()  # [nh, B, S]
+                dp = torch.einsum("qhd,khd->hqk", go, v0[lo:b].to(go.dtype)).float()  # [nh, B, S]
                 ds = p * (dp - delta[a:b].T[..., None]) * scale  # [nh, B, S]
                 dq[a:b] = torch.einsum("hqk,khd->qhd", ds.to(k0.dtype), k0[lo:b]).float()
                 dk[lo:b] += torch.einsum("hqk,qhd->khd", ds.to(q.dtype), q[a:b]).float()
