@@ -92,7 +92,7 @@ def run_one(shape: str, tokens: int, attention: str, device_name: str, steps: in
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             result = ttt_forward(draft, teacher, batch, TTT_STEPS, teacher_in_vocab=in_vocab, attention=attention)
-        result.loss.backward()  # type: ignore[no-untyped-call]
+        result.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         return float(result.n_terms.sum())

@@ -83,7 +83,7 @@ def dense_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     probs = torch.cat([scores0, diag.permute(1, 0, 2)], dim=-1).softmax(-1)  # [nh, T, T+k]
     out = torch.einsum("hqk,khd->qhd", probs[..., :n], values[0])  # [T, nh, d]
     p_diag = probs[..., n:].permute(1, 0, 2)  # [T, nh, k]
-    return out + sum(p_diag[..., j - 1, None] * values[j] for j in range(1, k + 1))  # type: ignore[no-any-return]
+    return out + sum(p_diag[..., j - 1, None] * values[j] for j in range(1, k + 1))
 
 
 def _block_scores(q: torch.Tensor, k0: torch.Tensor, seg: torch.Tensor, a: int, b: int, lo: int,
@@ -225,7 +225,7 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     step0 = _flex_step0 if impl == "flex" else _BlockwiseStep0.apply
     out0, lse0 = step0(q, keys[0], values[0], layout)  # [T, nh, d], [T, nh] fp32
     if len(keys) == 1:
-        return out0  # type: ignore[no-any-return]
+        return out0
     scale = q.shape[-1] ** -0.5
     chain = torch.stack([(q * kj).sum(-1) for kj in keys[1:]], dim=-1).float() * scale  # [T, nh, k]
     lse = torch.logsumexp(torch.cat([lse0[..., None], chain], dim=-1), dim=-1)  # [T, nh]
