@@ -224,7 +224,8 @@ class Trainer:
         for batch, pos in zip(batches, positions, strict=True):
             in_vocab = self.in_vocab(pos, batch)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts, in_vocab)
+                result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts, in_vocab,
+                                     attention=cfg.attention)  # fmt: skip
             result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
@@ -253,9 +254,8 @@ class Trainer:
         plan = self.data.plan(self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False,
                               truncate=True)  # fmt: skip
         for positions in plan[self.rank :: self.world]:
-            result = ttt_forward(
-                self.model, self.teacher, self.data.load(positions, cfg.max_batch_tokens).to(self.device), cfg.ttt_steps
-            )
+            batch = self.data.load(positions, cfg.max_batch_tokens).to(self.device)
+            result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, attention=cfg.attention)
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
         _all_reduce(stats, self.world)
         acc = (stats[1] / stats[2].clamp(min=1)).tolist()

@@ -117,3 +117,14 @@ def test_flex_block_mask_equals_create_block_mask() -> None:
         assert mine.full_kv_num_blocks is not None and ref.full_kv_num_blocks is not None
         assert torch.equal(mine.full_kv_num_blocks, ref.full_kv_num_blocks)
         assert torch.equal(mine.kv_num_blocks, ref.kv_num_blocks)
+
+
+def test_attention_config_key_is_checked() -> None:
+    from draft_trainer.config import load_config
+    from draft_trainer.errors import ConfigError
+    from draft_trainer.ttt_attention import IMPLEMENTATIONS
+
+    assert load_config(None, {"attention": "blockwise"}).attention == "blockwise"
+    with pytest.raises(ConfigError, match="attention must be one of .*'sparse'"):
+        load_config(None, {"attention": "sparse"})
+    assert set(IMPLEMENTATIONS) == {"auto", "blockwise", "flex", "dense"}
