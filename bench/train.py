@@ -2,6 +2,7 @@
 
     python -m bench.train --features FEATURES --vocab VOCAB [--model smollm2] [--steps 20]
         [--max-batch-tokens 1024] [--ttt-steps 4] [--threads 1]
+    python -m bench.train --synthetic ...   # memory and speed vs micro-batch size (bench/train_scaling.py)
 
 Runs ``--warmup`` steps unmeasured, then ``--steps`` optimizer steps of the real training loop
 (``eagle3.draft_trainer.train.Trainer.train_step``: packed batch loading from the memory-mapped features,
@@ -18,21 +19,35 @@ import time
 
 import torch
 
-from eagle3.draft_trainer.config import load_config
-from eagle3.draft_trainer.train import Trainer
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False)
-    parser.add_argument("--features", required=True)
-    parser.add_argument("--vocab", required=True)
+    parser.add_argument("--features")
+    parser.add_argument("--vocab")
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--max-batch-tokens", type=int, default=1024)
     parser.add_argument("--ttt-steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    scaling = parser.add_argument_group("--synthetic: memory and speed vs tokens per micro-batch, random features")
+    scaling.add_argument("--synthetic", action="store_true")
+    scaling.add_argument("--shapes", default="smollm2,llama8b")
+    scaling.add_argument("--tokens", default="2048,4096,8192,16384")
+    scaling.add_argument("--attention", default="blockwise,dense", help="auto, blockwise, flex, dense (comma list)")
+    scaling.add_argument("--device", default="cpu")
+    scaling.add_argument("--dense-max-gb", type=float, default=6.0)
+    scaling.add_argument("--one", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.synthetic:
+        from bench import train_scaling
+
+        return train_scaling.main(args)
+    from eagle3.draft_trainer.config import load_config
+    from eagle3.draft_trainer.train import Trainer
+
+    if not args.features or not args.vocab:
+        parser.error("--features and --vocab are required (or --synthetic)")
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(None, {"features": args.features, "vocab": args.vocab, "model": args.model, "out": out,
                                  "max_batch_tokens": args.max_batch_tokens, "ttt_steps": args.ttt_steps,

@@ -18,6 +18,7 @@ import torch
 from eagle3.draft_trainer.errors import ConfigError
 
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+_ATTENTION = ("auto", "blockwise", "flex", "dense")  # draft_trainer/ttt_attention.py IMPLEMENTATIONS
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -64,6 +65,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda:LOCAL_RANK when CUDA is available, else cpu), "cpu", "cuda", "cuda:N"
     autocast_bf16: bool = False  # bf16 autocast when training on CPU; fp32 unless set
     autocast_bf16_cuda: bool = True  # bf16 autocast when training on CUDA
+    attention: str = "auto"  # TTT attention: auto (flex on CUDA, blockwise on CPU), blockwise, flex, dense
     truncate: bool = False  # cut samples longer than max_batch_tokens instead of failing
     init_from: str = ""  # warm start: a run directory or its draft/ (weights only)
     init_lm_head_from_verifier: bool = True  # lm_head rows = the verifier's rows of the draft vocab
@@ -80,6 +82,8 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not _DEVICE_RE.fullmatch(self.device):
             raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.attention not in _ATTENTION:
+            raise ConfigError(f"attention must be one of {', '.join(_ATTENTION)}, got {self.attention!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

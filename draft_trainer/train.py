@@ -220,7 +220,8 @@ class Trainer:
         for batch, pos in zip(batches, positions, strict=True):
             in_vocab = self.in_vocab(pos, batch)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts, in_vocab)
+                result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts, in_vocab,
+                                     attention=cfg.attention)  # fmt: skip
             result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
@@ -251,7 +252,7 @@ class Trainer:
                               truncate=True)  # fmt: skip
         for positions in plan[self.rank :: self.world]:
             batch = self.data.load(positions, cfg.max_batch_tokens).to(self.device)
-            result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps)
+            result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, attention=cfg.attention)
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
             rounds.merge(simulate_rounds(torch.stack(result.hits).cpu(), batch.loss_mask.cpu(), batch.seg_start.cpu(),
                                          batch.seg_end.cpu()))  # fmt: skip

@@ -134,27 +134,54 @@ class _BlockwiseStep0(torch.autograd.Function):
                 p = torch.exp(s - lse[a:b].T[..., None])  # [nh, B, S] fp32
                 go = d_out[a:b]  # [B, nh, d]
                 dv[lo:b] += torch.einsum("hqk,qhd->khd", p.to(go.dtype), go).float()
-                dp = torch.einsum("qhd,khd->hqk", go, v0[lo:b]).float()  # [nh, B, S]
+                dp = torch.einsum("qhd,khd->hqk", go, v0[lo:b].to(go.dtype)).float()  # [nh, B, S]
                 ds = p * (dp - delta[a:b].T[..., None]) * scale  # [nh, B, S]
                 dq[a:b] = torch.einsum("hqk,khd->qhd", ds.to(k0.dtype), k0[lo:b]).float()
                 dk[lo:b] += torch.einsum("hqk,qhd->khd", ds.to(q.dtype), q[a:b]).float()
         return dq.to(q.dtype), dk.to(k0.dtype), dv.to(v0.dtype), None
 
 
+def sample_causal_block_mask(seg_start: torch.Tensor, padded: int) -> Any:
+    """flex_attention's BlockMask for ``padded`` rows (a multiple of FLEX_BLOCK; rows past ``T`` are
+    padding, each its own sample): key ``k`` visible to query ``q`` iff same sample and ``k <= q``.
+
+    Built from block-level facts, never from a ``[T, T]`` mask (``create_block_mask`` evaluates one):
+    samples are contiguous, so query block ``i`` and key block ``j <= i`` share a sample iff the sample
+    of ``j``'s last row is the sample of ``i``'s first row, and every pair of ``j < i`` is visible iff
+    ``j``'s first row and ``i``'s last row share a sample. Memory ``O((T / FLEX_BLOCK)^2)`` bytes."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    n, device = seg_start.shape[0], seg_start.device
+    sample = torch.cat([seg_start, torch.arange(n, padded, device=device)])  # [Tp]
+
+    def sample_causal(_b: Any, _h: Any, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+        return (sample[qi] == sample[ki]) & (ki <= qi)
+
+    first, last = sample[::FLEX_BLOCK], sample[FLEX_BLOCK - 1 :: FLEX_BLOCK]  # [nb] each
+    nb = first.shape[0]
+    lower = torch.ones(nb, nb, dtype=torch.bool, device=device).tril()  # [nb(q), nb(kv)]
+    any_visible = lower & (last[None, :] == first[:, None])
+    any_visible |= torch.eye(nb, dtype=torch.bool, device=device)
+    full = lower & ~torch.eye(nb, dtype=torch.bool, device=device) & (first[None, :] == last[:, None])
+    partial = any_visible & ~full
+
+    def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [nb, nb] -> counts, indices
+        count = dense.sum(-1, dtype=torch.int32)[None, None]  # [1, 1, nb]
+        index = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+        return count, index[None, None]  # [1, 1, nb, nb]
+
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=sample_causal, seq_lengths=(padded, padded))  # fmt: skip
+
+
 def _flex_step0(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, layout: SampleLayout) -> tuple[torch.Tensor, ...]:
     """The same via ``flex_attention`` (compiled on CUDA); rows padded to a multiple of FLEX_BLOCK."""
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+    from torch.nn.attention.flex_attention import AuxRequest
 
     n = q.shape[0]
     padded = -(-n // FLEX_BLOCK) * FLEX_BLOCK
     if layout._flex_mask is None:
-        pad_ids = torch.arange(n, padded, device=q.device)  # each padding row is its own sample
-        sample = torch.cat([layout.seg_start, pad_ids])  # [Tp]
-
-        def sample_causal(_b: Any, _h: Any, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
-            return (sample[qi] == sample[ki]) & (ki <= qi)
-
-        layout._flex_mask = create_block_mask(sample_causal, None, None, padded, padded, device=q.device)
+        layout._flex_mask = sample_causal_block_mask(layout.seg_start, padded)
 
     def heads_first(x: torch.Tensor) -> torch.Tensor:  # [T, nh, d] -> [1, nh, Tp, d]
         return torch.nn.functional.pad(x, (0, 0, 0, 0, 0, padded - n)).permute(1, 0, 2)[None]

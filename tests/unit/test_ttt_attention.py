@@ -93,3 +93,38 @@ def test_ttt_forward_blockwise_and_chunked_equals_dense_unchunked(monkeypatch: p
     torch.testing.assert_close(torch.stack(chunked.term_losses), torch.stack(dense.term_losses), rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, dense_grads, strict=True):
         assert _rel(got, want) <= 1e-5
+
+
+def test_flex_block_mask_equals_create_block_mask() -> None:
+    """The block-level mask (no [T, T] tensor) == PyTorch's create_block_mask from the same mask_mod."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from eagle3.draft_trainer.ttt_attention import FLEX_BLOCK, sample_causal_block_mask
+
+    for lengths in ([130, 1, 300, 7, 200, 129], [512], [1] * 40 + [600]):
+        seg = _seg_start(lengths)
+        padded = -(-seg.shape[0] // FLEX_BLOCK) * FLEX_BLOCK
+        sample = torch.cat([seg, torch.arange(seg.shape[0], padded)])
+        mine = sample_causal_block_mask(seg, padded)
+
+        def mask_mod(
+            _b: object, _h: object, q: torch.Tensor, k: torch.Tensor, s: torch.Tensor = sample
+        ) -> torch.Tensor:
+            return (s[q] == s[k]) & (k <= q)
+
+        ref = create_block_mask(mask_mod, None, None, padded, padded, device="cpu")
+        assert torch.equal(mine.to_dense(), ref.to_dense())
+        assert mine.full_kv_num_blocks is not None and ref.full_kv_num_blocks is not None
+        assert torch.equal(mine.full_kv_num_blocks, ref.full_kv_num_blocks)
+        assert torch.equal(mine.kv_num_blocks, ref.kv_num_blocks)
+
+
+def test_attention_config_key_is_checked() -> None:
+    from eagle3.draft_trainer.config import load_config
+    from eagle3.draft_trainer.errors import ConfigError
+    from eagle3.draft_trainer.ttt_attention import IMPLEMENTATIONS
+
+    assert load_config(None, {"attention": "blockwise"}).attention == "blockwise"
+    with pytest.raises(ConfigError, match="attention must be one of .*'sparse'"):
+        load_config(None, {"attention": "sparse"})
+    assert set(IMPLEMENTATIONS) == {"auto", "blockwise", "flex", "dense"}
