@@ -14,7 +14,14 @@ import os
 from typing import Any
 
 from eagle3.models import DEFAULT_MODEL, is_embedded_name, resolve_model_dir
-from server.config import ServerSettings, SettingsError, default_tensor_parallel_size, parse_api_keys
+from server.config import (
+    KEYS_ENV,
+    KEYS_FILE_ENV,
+    ServerSettings,
+    SettingsError,
+    default_tensor_parallel_size,
+    parse_api_keys,
+)
 
 
 def add_serve_command(sub: Any) -> None:
@@ -57,9 +64,28 @@ def add_serve_command(sub: Any) -> None:
     p.add_argument(
         "--default-codec", choices=("zstd+planes", "zstd+shuffle", "zstd", "none"), default=ServerSettings.default_codec
     )
-    p.add_argument("--api-key", action="append", default=[], help="repeatable; tenant names key-1, key-2, ...")
-    p.add_argument("--api-keys-file", default=None, help="lines 'tenant: key' or a JSON object {tenant: key}")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="repeatable; tenant names key-1, key-2, ... (visible in ps: prefer --api-keys-file or $EAGLE3_API_KEYS)",
+    )
+    p.add_argument(
+        "--api-keys-file",
+        default=os.environ.get(KEYS_FILE_ENV),
+        help=f"lines 'tenant: key' or a JSON object {{tenant: key}} (default ${KEYS_FILE_ENV}); "
+        f"${KEYS_ENV} may hold the same text",
+    )
     p.add_argument("--drain-timeout-s", type=float, default=30.0)
+    p.add_argument(
+        "--body-timeout-s", type=float, default=ServerSettings.body_timeout_s, help="request body deadline (408)"
+    )
+    p.add_argument(
+        "--max-tenant-connections",
+        type=int,
+        default=ServerSettings.max_tenant_connections,
+        help="open extract requests per tenant, streams included (429 over it)",
+    )
     p.add_argument("--heartbeat-s", type=float, default=10.0)
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     p.set_defaults(func=run_serve)
@@ -95,8 +121,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_payload_bytes=int(args.max_payload_mb * 2**20),
         request_buffer_bytes=int(args.request_buffer_mb * 2**20),
-        api_keys=parse_api_keys(args.api_key, args.api_keys_file),
+        api_keys=parse_api_keys(args.api_key, args.api_keys_file, os.environ.get(KEYS_ENV)),
         drain_timeout_s=args.drain_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        max_tenant_connections=args.max_tenant_connections,
         heartbeat_s=args.heartbeat_s,
         log_level=args.log_level,
         default_codec=args.default_codec,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -209,12 +209,18 @@ class FrameStreamResponse(StreamingResponse):
     """A StreamingResponse that closes its stream when the response ends for any reason (the client
     vanished while the generator sat at a ``yield`` included), so budget always comes back."""
 
-    def __init__(self, stream: ExtractStream, headers: dict[str, str]) -> None:
+    def __init__(
+        self, stream: ExtractStream, headers: dict[str, str], on_close: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(stream.body(), media_type=CONTENT_TYPE, headers=headers)
         self.stream = stream
+        self.on_close = on_close  # once, when the response ends for any reason (the tenant's connection slot)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.stream.close()
+            on_close, self.on_close = self.on_close, None
+            if on_close is not None:
+                on_close()

@@ -3,8 +3,9 @@
 before the 200 (over-long sample ids) is.
 
 Per class: invalid_request, unauthorized, not_found, method_not_allowed, payload_too_large,
-unsupported_media_type, rate_limited, unavailable (loading), backend_error and invalid_sample
-(SAMPLE_ERROR frames), internal (ERROR frame). request_timeout: tests/unit/test_request_limits.py.
+rate_limited, unavailable (loading), backend_error and invalid_sample
+(SAMPLE_ERROR frames), internal (ERROR frame). request_timeout and unsupported_media_type:
+tests/unit/test_request_limits.py.
 """
 
 from __future__ import annotations
@@ -90,7 +91,11 @@ def test_response_classes(client: TestClient) -> None:
     assert_envelope(client.post("/v1/extract", json=ok, headers={"Authorization": "Bearer nope"}), 401, "unauthorized")
     assert_envelope(client.get("/v2/nothing"), 404, "not_found")
     assert_envelope(client.get("/v1/extract"), 405, "method_not_allowed")
-    assert_envelope(client.post("/v1/extract", content=b"x" * (65 << 20)), 413, "payload_too_large")
+    assert_envelope(
+        client.post("/v1/extract", content=b"x" * (65 << 20), headers={"Content-Type": "application/json"}),
+        413,
+        "payload_too_large",
+    )
     assert client.post("/v1/extract", json=ok).status_code == 200  # and still serving
 
 
