@@ -33,7 +33,11 @@ N_CASES = 400
 
 ints = st.one_of(st.integers(-5, 60000), st.sampled_from([2**31, 2**63, -(2**63), 49151, 49152]))
 scalars = st.one_of(st.none(), st.booleans(), ints, st.floats(allow_nan=False), st.text(max_size=20))
-junk = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)  # fmt: skip
+junk = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 sample_ids = st.one_of(st.text(max_size=30), st.text(min_size=1020, max_size=1100), junk)
 messages = st.lists(
     st.fixed_dictionaries(
