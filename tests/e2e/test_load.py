@@ -11,7 +11,6 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,7 +52,7 @@ def post(served: Served, key: str, body: dict[str, Any]) -> tuple[dict[str, Any]
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     model = tiny_llama_dir(tmp_path_factory.mktemp("tiny"))
     settings = ServerSettings(model=str(model), backend="hf", dtype="float32", max_batch_tokens=256,
-                              api_keys={k: t for k, t in KEYS.items()}, heartbeat_s=1.0)  # fmt: skip
+                              api_keys=dict(KEYS.items()), heartbeat_s=1.0)  # fmt: skip
     with Served(create_app(settings)) as s:
         yield s
 
@@ -94,7 +93,7 @@ def test_32_clients_x_4_tenants_complete_and_equal_sequential(served: Served) ->
         for name, want in arrays.items():
             np.testing.assert_array_equal(got[sample_id][name], want, err_msg=f"{sample_id} {name}")
     q = statistics.quantiles(latencies_1, n=20)
-    print(  # noqa: T201
+    print(
         f"load: {N_CLIENTS} clients x {N_TENANTS} tenants, {3 * N_CLIENTS} requests in {wall_s:.2f} s; "
         f"1-sample requests p50 {statistics.median(latencies_1) * 1e3:.0f} ms, p95 {q[18] * 1e3:.0f} ms"
     )
