@@ -226,10 +226,9 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
             raise ApiError(
                 503, "too many requests being validated; retry shortly", reason="overloaded", retry_after_s=1
             )
-        try:
-            samples = await asyncio.get_running_loop().run_in_executor(rt.tokenize_pool, check)
-        finally:
-            rt.tokenize_slots.release()
+        job = rt.tokenize_pool.submit(check)  # the slot comes back when the job ends, even if we stop waiting
+        job.add_done_callback(lambda _: rt.tokenize_slots.release())
+        samples = await asyncio.wrap_future(job)
         if (err := unavailable(rt)) is not None:  # it may have started draining meanwhile
             raise err
         request_id = request.state.request_id

@@ -166,3 +166,21 @@ def test_rate_limited_is_retryable(tmp_path: Path) -> None:
         assert_envelope(resp, 429, "rate_limited")
         backend.gate.set()
         worker.join(30)
+
+
+def test_validation_pool_full_is_a_retryable_503(client: TestClient) -> None:
+    """Requests validating (or queued for it) are bounded: past TOKENIZE_QUEUE a request gets 503
+    ``overloaded`` at once instead of waiting in an unbounded queue."""
+    from server.runtime import TOKENIZE_QUEUE
+
+    slots = client.app.state.runtime.tokenize_slots  # type: ignore[attr-defined]
+    for _ in range(TOKENIZE_QUEUE):
+        assert slots.acquire(blocking=False)
+    try:
+        resp = client.post("/v1/extract", json={"samples": [{"id": "a", "input_ids": [1]}]})
+        error = assert_envelope(resp, 503, "unavailable")
+        assert error["reason"] == "overloaded" and resp.headers["retry-after"] == "1"
+    finally:
+        for _ in range(TOKENIZE_QUEUE):
+            slots.release()
+    assert client.post("/v1/extract", json={"samples": [{"id": "a", "input_ids": [1]}]}).status_code == 200
