@@ -36,6 +36,7 @@ from client.errors import (
     APIError,
     APIStatusError,
     APITimeoutError,
+    IncompatibleError,
     InvalidSampleError,
     SampleFailedError,
     SampleFailure,
@@ -43,7 +44,7 @@ from client.errors import (
     StreamError,
     status_error,
 )
-from client.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
+from client.protocol.frames import CONTENT_TYPE, PROTOCOL_VERSION, FrameDecoder, ProtocolError, TruncatedStreamError
 from client.protocol.limits import sample_id_problem
 from client.protocol.prepared import PreparedSample
 from client.sample import ExtractedSample
@@ -211,6 +212,11 @@ class ExtractionClient:
         """``GET /v1/info`` of the current server (retried like any request)."""
         data = self._with_retries(lambda url: self._get_json(url, "/v1/info"))
         info = ServerInfo.from_dict(data, url=self.url)
+        if info.protocol_version != PROTOCOL_VERSION:
+            raise IncompatibleError(
+                f"{self.url} speaks eagle3 protocol {info.protocol_version}, this client {PROTOCOL_VERSION}: "
+                "upgrade the older of the two"
+            )
         self._layout[self.url] = {"aux_layer_ids": list(info.aux_layer_ids), "final_layer_id": info.final_layer_id,
                                   "hidden_size": info.hidden_size}  # fmt: skip
         return info
