@@ -36,6 +36,7 @@ from eagle3.client.errors import (
     APIError,
     APIStatusError,
     APITimeoutError,
+    IncompatibleError,
     InvalidSampleError,
     SampleFailedError,
     SampleFailure,
@@ -45,7 +46,13 @@ from eagle3.client.errors import (
 )
 from eagle3.client.retry import MAX_RETRY_AFTER_S, retry_delay_s, should_retry
 from eagle3.client.stream import StreamAssembler
-from eagle3.core.protocol.frames import CONTENT_TYPE, FrameDecoder, ProtocolError, TruncatedStreamError
+from eagle3.core.protocol.frames import (
+    CONTENT_TYPE,
+    PROTOCOL_VERSION,
+    FrameDecoder,
+    ProtocolError,
+    TruncatedStreamError,
+)
 from eagle3.core.protocol.limits import sample_id_problem
 from eagle3.core.protocol.prepared import PreparedSample
 from eagle3.core.protocol.wire import ServerInfo
@@ -182,6 +189,11 @@ class ExtractionClient:
         """``GET /v1/info`` of the current server (retried like any request)."""
         data = self._with_retries(lambda url: self._get_json(url, "/v1/info"))
         info = parse_server_info(data, self.url)
+        if info.protocol_version != PROTOCOL_VERSION:
+            raise IncompatibleError(
+                f"{self.url} speaks eagle3 protocol {info.protocol_version}, this client {PROTOCOL_VERSION}: "
+                "upgrade the older of the two"
+            )
         self._layout[self.url] = {"aux_layer_ids": list(info.aux_layer_ids), "final_layer_id": info.final_layer_id,
                                   "hidden_size": info.hidden_size}  # fmt: skip
         return info

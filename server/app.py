@@ -30,6 +30,13 @@ from eagle3.core.protocol.frames import CODEC_NAMES
 from eagle3.server.backends import Backend
 from eagle3.server.config import ServerSettings
 from eagle3.server.errors import ApiError
+from eagle3.server.request_limits import (
+    ClientGoneError,
+    TenantConnections,
+    check_content_type,
+    install_access_log_redaction,
+    read_body,
+)
 from eagle3.server.runtime import Runtime
 from eagle3.server.scheduler import AdmissionError
 from eagle3.server.stream import EncodeOptions, ExtractStream, FrameStreamResponse, stream_header
@@ -100,20 +107,6 @@ def unavailable(rt: Runtime) -> ApiError | None:
     return ApiError(503, message, reason=reason, retry_after_s=5 if rt.status == "loading" else 10)
 
 
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The body, refused with 413 as soon as it passes ``limit_bytes`` (Content-Length is only a hint)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit_bytes:
-        raise ApiError(413, f"body is {declared} bytes, over the {limit_bytes}-byte limit (--max-body-mb)")
-    chunks, n_bytes = [], 0
-    async for chunk in request.stream():
-        n_bytes += len(chunk)
-        if n_bytes > limit_bytes:
-            raise ApiError(413, f"body is over the {limit_bytes}-byte limit (--max-body-mb)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def create_app(settings: ServerSettings, backend: Backend | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,6 +119,8 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
             await asyncio.to_thread(rt.stop)
 
     app = FastAPI(title="eagle3 extraction server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    connections = TenantConnections(settings.max_tenant_connections)
+    install_access_log_redaction()
     app.add_middleware(RequestIdMiddleware)
     auth = [Depends(authenticate)]
 
@@ -202,7 +197,21 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
         if (err := unavailable(rt)) is not None:
             raise err
         assert rt.info is not None
-        body = await read_body(request, settings.max_body_bytes)
+        check_content_type(request)
+        connections.acquire(tenant)  # released when the response ends, whatever happens from here
+        try:
+            return await _extract(request, tenant, rt)
+        except BaseException:
+            connections.release(tenant)
+            raise
+
+    async def _extract(request: Request, tenant: str, rt: Runtime) -> Response:
+        assert rt.info is not None
+        try:
+            body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        except ClientGoneError:
+            connections.release(tenant)
+            return Response(status_code=400)  # nobody reads it
         parsed = parse_request(body)
         check = functools.partial(
             check_samples,
@@ -218,10 +227,9 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
             raise ApiError(
                 503, "too many requests being validated; retry shortly", reason="overloaded", retry_after_s=1
             )
-        try:
-            samples = await asyncio.get_running_loop().run_in_executor(rt.tokenize_pool, check)
-        finally:
-            rt.tokenize_slots.release()
+        job = rt.tokenize_pool.submit(check)  # the slot comes back when the job ends, even if we stop waiting
+        job.add_done_callback(lambda _: rt.tokenize_slots.release())
+        samples = await asyncio.wrap_future(job)
         if (err := unavailable(rt)) is not None:  # it may have started draining meanwhile
             raise err
         request_id = request.state.request_id
@@ -240,6 +248,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
         stream = ExtractStream(
             rt.scheduler, req, header, opts, rt.executor, rt.metrics, settings.heartbeat_s, settings.stream_chunk_bytes
         )
-        return FrameStreamResponse(stream, headers={"X-Request-Id": request_id, "Cache-Control": "no-store"})
+        headers = {"X-Request-Id": request_id, "Cache-Control": "no-store"}
+        return FrameStreamResponse(stream, headers=headers, on_close=lambda: connections.release(tenant))
 
     return app

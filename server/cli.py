@@ -18,7 +18,12 @@ from typing import Any
 from eagle3.core.knobs import KnobError, add_knob_arguments, load_config_file, resolve
 from eagle3.core.models import is_embedded_name, resolve_model_dir
 from eagle3.server.backends.dummy_model import is_dummy
-from eagle3.server.config import ServerSettings, SettingsError, default_tensor_parallel_size
+from eagle3.server.config import (
+    KEYS_ENV,
+    ServerSettings,
+    SettingsError,
+    default_tensor_parallel_size,
+)
 
 
 def add_serve_command(sub: Any) -> None:
@@ -41,6 +46,9 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         values = resolve(ServerSettings, args, environ, config)
     except KnobError as exc:
         raise SettingsError(str(exc)) from None
+    keys_text = (os.environ if environ is None else environ).get(KEYS_ENV)
+    if keys_text:
+        values["api_keys_text"] = keys_text
     if values.get("tensor_parallel_size") is None:  # counting GPUs imports torch: only when vllm may run
         backend = values.get("backend", "auto")
         values["tensor_parallel_size"] = 1 if backend == "hf" else default_tensor_parallel_size()

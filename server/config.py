@@ -13,6 +13,9 @@ from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol.wire import REQUEST_CODECS
 from eagle3.server.backends.base import SyntheticOptions, VllmOptions
 
+KEYS_FILE_ENV = "EAGLE3_API_KEYS_FILE"  # default of --api-keys-file
+KEYS_ENV = "EAGLE3_API_KEYS"  # the keys file's text itself (lines 'tenant: key' or JSON)
+
 
 class SettingsError(KnobError):
     """A serve flag or the API keys file is invalid (a one-line CLI error)."""
@@ -86,14 +89,19 @@ class ServerSettings:
         repeat=True, secret=True, metavar="KEY")})  # fmt: skip
     api_keys_file: str | None = knob(None, "lines 'tenant: key' or a JSON object {tenant: key}")
     drain_timeout_s: float = knob(30.0, "seconds open streams get to finish after SIGTERM")
+    body_timeout_s: float = knob(30.0, "seconds the whole request body may take to arrive (else 408)")
+    max_tenant_connections: int = knob(64, "open extract requests per tenant, streams included (else 429)")
     heartbeat_s: float = knob(10.0, "seconds between HEARTBEAT frames of an idle stream")
     log_level: str = knob("info", "server log level", choices=("debug", "info", "warning", "error"))
-    # derived: key -> tenant, from api_key and api_keys_file (or given directly)
+    # $EAGLE3_API_KEYS: the keys file's text itself (keeps keys out of ps and off disk); not a flag
+    api_keys_text: str | None = field(default=None, repr=False)
+    # derived: key -> tenant, from api_key, api_keys_file and api_keys_text (or given directly)
     api_keys: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.api_key or self.api_keys_file:
-            object.__setattr__(self, "api_keys", {**self.api_keys, **parse_api_keys(self.api_key, self.api_keys_file)})
+        if self.api_key or self.api_keys_file or self.api_keys_text:
+            keys = parse_api_keys(self.api_key, self.api_keys_file, self.api_keys_text)
+            object.__setattr__(self, "api_keys", {**self.api_keys, **keys})
         if self.tensor_parallel_size is None:
             object.__setattr__(self, "tensor_parallel_size", 1)
         self.vllm_options  # noqa: B018 (validates --engine-arg / --engine-args-json now, not at load)
@@ -107,12 +115,13 @@ class ServerSettings:
             "tensor_parallel_size",
             "stream_chunk_bytes",
             "request_buffer_bytes",
+            "max_tenant_connections",
         )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.heartbeat_s <= 0 or self.drain_timeout_s < 0:
-            raise SettingsError("--heartbeat-s must be > 0 and --drain-timeout-s >= 0")
+        if self.heartbeat_s <= 0 or self.drain_timeout_s < 0 or self.body_timeout_s <= 0:
+            raise SettingsError("--heartbeat-s and --body-timeout-s must be > 0 and --drain-timeout-s >= 0")
         if self.backend not in ("auto", "hf", "vllm", "synthetic"):
             raise SettingsError(f"--backend must be auto, hf, vllm or synthetic, got {self.backend!r}")
         if self.encoder_threads is not None and self.encoder_threads <= 0:
@@ -171,29 +180,22 @@ def default_tensor_parallel_size() -> int:
     return max(1, min(8, torch.cuda.device_count())) if torch.cuda.is_available() else 1
 
 
-def parse_api_keys(keys: tuple[str, ...] | list[str], keys_file: str | None) -> dict[str, str]:
-    """``--api-key`` values (tenants ``key-1``, ``key-2``, ...) plus ``--api-keys-file`` entries
-    (lines ``tenant: key`` or a JSON object ``{tenant: key}``) -> ``{key: tenant}``."""
-    out: dict[str, str] = {}
+def parse_api_keys(
+    keys: tuple[str, ...] | list[str], keys_file: str | None, keys_text: str | None = None
+) -> dict[str, str]:
+    """``--api-key`` values (tenants ``key-1``, ``key-2``, ...) plus ``--api-keys-file`` entries and
+    ``$EAGLE3_API_KEYS`` (``keys_text``; both lines ``tenant: key`` or a JSON object ``{tenant: key}``)
+    -> ``{key: tenant}``. The file and the variable keep keys out of ``ps``; ``--api-key`` does not."""
     pairs = [(f"key-{i}", key) for i, key in enumerate(keys, start=1)]
     if keys_file:
-        text = Path(keys_file).read_text(encoding="utf-8")
-        if text.lstrip().startswith("{"):
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise SettingsError(f"{keys_file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-            if not isinstance(obj, dict) or not all(isinstance(v, str) for v in obj.values()):
-                raise SettingsError(f"{keys_file}: expected a JSON object {{tenant: key}}")
-            pairs += [(str(t), k) for t, k in obj.items()]
-        else:
-            for lineno, line in enumerate(text.splitlines(), start=1):
-                if not line.strip() or line.lstrip().startswith("#"):
-                    continue
-                tenant, sep, key = line.partition(":")
-                if not sep or not tenant.strip() or not key.strip():
-                    raise SettingsError(f"{keys_file}:{lineno}: expected 'tenant: key'")
-                pairs.append((tenant.strip(), key.strip()))
+        try:
+            text = Path(keys_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SettingsError(f"API keys file {keys_file}: {exc.strerror or exc}") from None
+        pairs += _key_pairs(text, keys_file)
+    if keys_text:
+        pairs += _key_pairs(keys_text, f"${KEYS_ENV}")
+    out: dict[str, str] = {}
     for tenant, key in pairs:
         if not key:
             raise SettingsError(f"API key for tenant {tenant!r} is empty")
@@ -201,3 +203,25 @@ def parse_api_keys(keys: tuple[str, ...] | list[str], keys_file: str | None) -> 
             raise SettingsError(f"the same API key is given to tenants {out[key]!r} and {tenant!r}")
         out[key] = tenant
     return out
+
+
+def _key_pairs(text: str, keys_file: str) -> list[tuple[str, str]]:
+    """``(tenant, key)`` pairs of a keys file's text; ``keys_file`` names it in errors."""
+    pairs: list[tuple[str, str]] = []
+    if text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{keys_file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(obj, dict) or not all(isinstance(v, str) for v in obj.values()):
+            raise SettingsError(f"{keys_file}: expected a JSON object {{tenant: key}}")
+        pairs += [(str(t), k) for t, k in obj.items()]
+    else:
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            tenant, sep, key = line.partition(":")
+            if not sep or not tenant.strip() or not key.strip():
+                raise SettingsError(f"{keys_file}:{lineno}: expected 'tenant: key'")
+            pairs.append((tenant.strip(), key.strip()))
+    return pairs

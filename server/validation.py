@@ -89,7 +89,7 @@ def check_samples(
         if s.id in seen:
             raise ApiError(400, f"{where}.id {s.id!r} repeats an earlier sample id", param=f"{where}.id")
         seen.add(s.id)
-        ids, mask = _tokens(s, where, chat)
+        ids, mask = _tokens(s, where, chat, max_model_len if chat_limits is not None else None)
         if not ids:
             raise ApiError(400, f"{where} ({s.id!r}) has no tokens", param=f"{where}.input_ids")
         bad = next((j for j, t in enumerate(ids) if not 0 <= t < vocab_size), None)
@@ -155,7 +155,12 @@ def check_chat_size(req: ExtractRequest, limits: ChatLimits, max_request_tokens:
         )
 
 
-def _tokens(s: SampleIn, where: str, chat: ChatTokenizer | None) -> tuple[list[int], list[int]]:
+def _tokens(
+    s: SampleIn, where: str, chat: ChatTokenizer | None, max_model_len: int | None = None
+) -> tuple[list[int], list[int]]:
+    """The sample's ids and mask. For ``messages`` with ``max_model_len``: the whole conversation is
+    rendered and counted once (O(length)) before the per-turn renders of the mask (O(turns x length)),
+    so a conversation over the limit never pays for those."""
     if (s.input_ids is None) == (s.messages is None):
         raise ApiError(400, f"{where} needs exactly one of input_ids or messages", param=where)
     if s.input_ids is not None:
@@ -174,6 +179,15 @@ def _tokens(s: SampleIn, where: str, chat: ChatTokenizer | None) -> tuple[list[i
         raise ApiError(400, f"{where}.messages is empty", param=f"{where}.messages")
     messages = [Message(m.role, m.content) for m in s.messages]
     try:
+        if max_model_len is not None:
+            text = chat.render(messages, add_generation_prompt=False)
+            n_tokens = len(chat.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if n_tokens > max_model_len:
+                raise ApiError(
+                    400,
+                    f"{where} ({s.id!r}) has {n_tokens} tokens, over max_model_len {max_model_len}",
+                    param=f"{where}.messages",
+                )
         tokenized = chat.tokenize(messages)
     except (RowError, TemplateError) as exc:
         raise ApiError(400, f"{where}: {exc}", param=f"{where}.messages") from None

@@ -77,11 +77,13 @@ def alive(ident: str) -> bool:
 
 
 def arm(server: str | None = None) -> bool:
-    """Start this process's watchdog (once) unless it is the server itself; True if armed now."""
+    """Start this process's watchdog (once) unless it is the server itself; True if armed now. Its
+    own ``fork`` children get theirs too (vLLM may fork workers from the engine core)."""
     server = server or os.environ.get(SERVER_ENV)
     if not server or server.partition(":")[0] == str(os.getpid()) or _armed.is_set():
         return False
     _armed.set()
+    _install_fork_hook()
     threading.Thread(target=_watch, args=(server,), name="eagle3-engine-guard", daemon=True).start()
     return True
 
@@ -110,15 +112,19 @@ def _unpickle_identity(value: str) -> ServerIdentity:
     return ServerIdentity(value)
 
 
-def mark_server() -> ServerIdentity:
-    """Call in the server before it starts engine processes: every child inherits the identity in its
-    environment and, through the fork hook, arms its watchdog."""
+def _install_fork_hook() -> None:
     global _fork_hook_installed
-    ident = ServerIdentity(identity())
-    os.environ[SERVER_ENV] = ident
     if not _fork_hook_installed:
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _fork_hook_installed = True
+
+
+def mark_server() -> ServerIdentity:
+    """Call in the server before it starts engine processes: every child inherits the identity in its
+    environment and, through the fork hook, arms its watchdog."""
+    ident = ServerIdentity(identity())
+    os.environ[SERVER_ENV] = ident
+    _install_fork_hook()
     return ident
 
 

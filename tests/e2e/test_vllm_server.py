@@ -16,6 +16,7 @@ import pytest
 from tests.e2e.live_server import LiveServer, tiny_llama_dir
 from tests.e2e.test_server_api import (  # noqa: F401 (collected here against the vllm server)
     KEYS,
+    MAX_MODEL_LEN,
     test_bad_input_is_a_400_and_the_server_keeps_serving,
     test_killed_client_returns_its_budget,
     test_oversize_body_is_a_413_with_or_without_content_length,
@@ -35,6 +36,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Itera
     root = tmp_path_factory.mktemp("vllm-api")
     model = tiny_llama_dir(root / "tiny", tokenizer_from=smollm2_dir)
     args = ["--backend", "vllm", "--kv-cache-gib", "1", "--model", str(model), "--dtype", "float32",
+            "--max-model-len", str(MAX_MODEL_LEN),
             "--max-batch-tokens", "128", "--max-request-tokens", "40000", "--max-tenant-inflight-tokens", "60000",
             "--max-body-mb", "1", "--max-payload-mb", "0.1", "--heartbeat-s", "0.5"]  # fmt: skip
     with LiveServer(args, root / "server.log", api_keys=KEYS) as live:
@@ -95,7 +97,7 @@ def test_a_sample_of_the_advertised_max_model_len_is_served_and_one_more_is_a_40
 
     info = httpx.get(f"{server.url}/v1/info", headers=server.headers()).json()
     longest = int(info["max_model_len"])
-    assert longest == 511  # the tiny model's 512 positions, one left for the generated token
+    assert longest == MAX_MODEL_LEN == 511  # the tiny model's 512 positions, one kept for the generated token
     body = {"samples": [{"id": "longest", "input_ids": [7] * longest}]}
     with httpx.stream("POST", f"{server.url}/v1/extract", json=body, headers=server.headers(), timeout=300) as resp:
         assert resp.status_code == 200

@@ -77,8 +77,17 @@ def test_too_many_characters_is_a_400_before_any_render(served: Any) -> None:
     assert renders == []
 
 
+def test_a_conversation_over_max_model_len_costs_one_render_not_one_per_turn(served: Any) -> None:
+    client, rt, renders = served
+    renders.clear()
+    n_pairs = rt.chat_limits.max_messages // 2  # within the message bound, ~13 tokens a pair: over 512
+    resp = client.post("/v1/extract", json={"samples": [{"id": "a", "messages": pairs(n_pairs)}]})
+    assert resp.status_code == 400 and "over max_model_len 512" in resp.json()["error"]["message"], resp.text
+    assert len(renders) == 1  # was 1 + 2 per assistant turn before the count came first
+
+
 def test_a_conversation_within_the_bounds_is_served(served: Any) -> None:
     client, rt, renders = served
     renders.clear()
     resp = client.post("/v1/extract", json={"samples": [{"id": "a", "messages": pairs(3)}]})
-    assert resp.status_code == 200 and len(renders) == 1 + 3 * 2  # the whole, then 2 per assistant turn
+    assert resp.status_code == 200 and len(renders) == 2 + 3 * 2  # counted, the whole, then 2 per assistant turn

@@ -27,17 +27,24 @@ from tests.e2e.live_server import wait_gone
 def sleep_long(ident):
     time.sleep(60)
 
+def fork_grandchild(ident):  # a spawned child (armed) that forks one of its own, as an engine core may
+    grandchild = multiprocessing.get_context("fork").Process(target=sleep_long, args=(None,))
+    grandchild.start()
+    print(grandchild.pid, flush=True)
+    time.sleep(60)
+
 if __name__ == "__main__":
     ident = engine_guard.mark_server()
     spawned = multiprocessing.get_context("spawn").Process(target=sleep_long, args=(ident,))
     forked = multiprocessing.get_context("fork").Process(target=sleep_long, args=(None,))
-    spawned.start(); forked.start()
-    print(spawned.pid, forked.pid, flush=True)
+    middle = multiprocessing.get_context("spawn").Process(target=fork_grandchild, args=(ident,))
+    spawned.start(); forked.start(); middle.start()
+    print(spawned.pid, forked.pid, middle.pid, flush=True)
     time.sleep(60)
 """
 
 
-def test_spawned_and_forked_children_die_with_a_sigkilled_server(tmp_path: Path) -> None:
+def test_spawned_and_forked_children_and_grandchildren_die_with_a_sigkilled_server(tmp_path: Path) -> None:
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -46,6 +53,7 @@ def test_spawned_and_forked_children_die_with_a_sigkilled_server(tmp_path: Path)
     try:
         assert proc.stdout is not None
         pids = [int(p) for p in proc.stdout.readline().split()]
+        pids.append(int(proc.stdout.readline()))  # the grandchild forked by an armed spawn child
         children = [(p, engine_guard.start_time(p)) for p in pids]
         time.sleep(1.0)  # the spawn child has unpickled its argument (armed) by now
         assert all(started is not None and engine_guard.start_time(p) == started for p, started in children)

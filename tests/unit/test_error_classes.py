@@ -3,8 +3,9 @@
 before the 200 (over-long sample ids) is.
 
 Per class: invalid_request, unauthorized, not_found, method_not_allowed, payload_too_large,
-unsupported_media_type, rate_limited, unavailable (loading), backend_error and invalid_sample
-(SAMPLE_ERROR frames), internal (ERROR frame). request_timeout: tests/unit/test_request_limits.py.
+rate_limited, unavailable (loading), backend_error and invalid_sample
+(SAMPLE_ERROR frames), internal (ERROR frame). request_timeout and unsupported_media_type:
+tests/unit/test_request_limits.py.
 """
 
 from __future__ import annotations
@@ -90,7 +91,11 @@ def test_response_classes(client: TestClient) -> None:
     assert_envelope(client.post("/v1/extract", json=ok, headers={"Authorization": "Bearer nope"}), 401, "unauthorized")
     assert_envelope(client.get("/v2/nothing"), 404, "not_found")
     assert_envelope(client.get("/v1/extract"), 405, "method_not_allowed")
-    assert_envelope(client.post("/v1/extract", content=b"x" * (65 << 20)), 413, "payload_too_large")
+    assert_envelope(
+        client.post("/v1/extract", content=b"x" * (65 << 20), headers={"Content-Type": "application/json"}),
+        413,
+        "payload_too_large",
+    )
     assert client.post("/v1/extract", json=ok).status_code == 200  # and still serving
 
 
@@ -161,3 +166,21 @@ def test_rate_limited_is_retryable(tmp_path: Path) -> None:
         assert_envelope(resp, 429, "rate_limited")
         backend.gate.set()
         worker.join(30)
+
+
+def test_validation_pool_full_is_a_retryable_503(client: TestClient) -> None:
+    """Requests validating (or queued for it) are bounded: past TOKENIZE_QUEUE a request gets 503
+    ``overloaded`` at once instead of waiting in an unbounded queue."""
+    from eagle3.server.runtime import TOKENIZE_QUEUE
+
+    slots = client.app.state.runtime.tokenize_slots  # type: ignore[attr-defined]
+    for _ in range(TOKENIZE_QUEUE):
+        assert slots.acquire(blocking=False)
+    try:
+        resp = client.post("/v1/extract", json={"samples": [{"id": "a", "input_ids": [1]}]})
+        error = assert_envelope(resp, 503, "unavailable")
+        assert error["reason"] == "overloaded" and resp.headers["retry-after"] == "1"
+    finally:
+        for _ in range(TOKENIZE_QUEUE):
+            slots.release()
+    assert client.post("/v1/extract", json={"samples": [{"id": "a", "input_ids": [1]}]}).status_code == 200

@@ -213,3 +213,9 @@ def test_a_sample_error_still_raises_sample_failed_after_a_clean_stream() -> Non
     client = ExtractionClient("http://fuzz", transport=fake.transport(), max_retries=0)
     with client, pytest.raises(SampleFailedError):
         list(client.extract(SAMPLES))
+
+
+def test_a_server_of_another_protocol_version_is_incompatible() -> None:
+    info = {**FakeServer().info, "protocol_version": 1}
+    with pytest.raises(IncompatibleError, match="protocol 1"):
+        sdk_run(clean_stream(), info)
