@@ -84,12 +84,12 @@ def _zstd_frame(payload: bytes | memoryview, raw_bytes: int, what: str) -> bytes
     return data
 
 
-def decode_payload(payload: bytes, codec: Codec, raw_bytes: int) -> bytes:
+def decode_payload(payload: bytes | bytearray | memoryview, codec: Codec, raw_bytes: int) -> bytes | memoryview:
     """Inverse of ``encode_payload``. ``raw_bytes`` (from the frame meta) bounds the decompressed size."""
     if codec == Codec.NONE:
         if len(payload) != raw_bytes:
             raise ProtocolError(f"payload is {len(payload)} bytes, meta says {raw_bytes}")
-        return payload
+        return payload if isinstance(payload, (bytes, memoryview)) else memoryview(payload)
     if codec == Codec.ZSTD_PLANES:
         view = memoryview(payload)
         if len(view) < PLANES_PREFIX.size:

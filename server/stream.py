@@ -27,7 +27,6 @@ from client.codec import RawTensor, build_safetensors, encode_payload
 from client.protocol.frames import (
     CONTENT_TYPE,
     PROTOCOL_VERSION,
-    Buffer,
     Codec,
     Frame,
     FrameType,
@@ -91,7 +90,10 @@ def n_frames(result: Result, max_payload_bytes: int) -> int:
     return -(-int(n_tokens) // tokens_per_blob(int(n_layers), int(hidden), max_payload_bytes))
 
 
-def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int, list[Buffer]]]:
+Chunk = bytes | memoryview  # what the response body yields (starlette takes both)
+
+
+def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int, list[Chunk]]]:
     """``(token_start, token_end, safetensors blob as parts)`` covering the sample, each within the limit.
     The parts are views of the states (no copy); write them in order."""
     states = result.states.to(torch.bfloat16).contiguous()  # [n, L+1, H]; no copy when already bf16
@@ -115,7 +117,7 @@ def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int,
 class Encoded:
     """One sample's frames as parts to write in order, with its byte counts and stage times."""
 
-    parts: list[Buffer]
+    parts: list[Chunk]
     raw_bytes: int
     wire_bytes: int
     copy_s: float
@@ -132,11 +134,11 @@ def encode_result(result: Result, seq: int, opts: EncodeOptions) -> Encoded:
     started = time.perf_counter()
     blobs = sample_blobs(result, opts.max_payload_bytes)
     copied = time.perf_counter()
-    parts: list[Buffer] = []
+    parts: list[Chunk] = []
     raw_total, wire_total = 0, 0
     for k, (start, end, blob_parts) in enumerate(blobs):
         raw = sum(memoryview(p).nbytes for p in blob_parts)
-        payload: list[Buffer] = blob_parts
+        payload: list[Chunk] = list(blob_parts)
         codec = opts.codec
         if codec != Codec.NONE:
             compressed = encode_payload(b"".join(blob_parts), codec, opts.zstd_level)
@@ -197,14 +199,14 @@ class ExtractStream:
     def close(self) -> None:
         self.sched.close(self.req)
 
-    async def body(self) -> AsyncIterator[Buffer]:
+    async def body(self) -> AsyncIterator[Chunk]:
         loop = asyncio.get_running_loop()
         req = self.req
         encoding: deque[tuple[Result, int, asyncio.Future[Encoded]]] = deque()
         yield self._frame(FrameType.HEADER, self.header)
         self.sent_seq = self.seq
         n_left = len(req.samples)
-        out: list[Buffer] = []
+        out: list[Chunk] = []
         out_bytes, out_frames = 0, 0  # in `out`, not written yet
         unreleased: list[Result] = []
         try:
@@ -274,10 +276,10 @@ class ExtractStream:
         self.metrics.inc("eagle3_stage_seconds_total", encoded.copy_s, stage="copy")
         self.metrics.inc("eagle3_stage_seconds_total", encoded.encode_s, stage="encode")
 
-    def _pieces(self, parts: list[Buffer]) -> list[Buffer]:
+    def _pieces(self, parts: list[Chunk]) -> list[Chunk]:
         """HTTP writes of about ``chunk_bytes``: runs of small parts joined, big parts sliced (not copied)."""
-        pieces: list[Buffer] = []
-        small: list[Buffer] = []
+        pieces: list[Chunk] = []
+        small: list[Chunk] = []
         small_bytes = 0
         for part in parts:
             size = memoryview(part).nbytes

@@ -177,7 +177,7 @@ class HfBackend:
         if self.device.type != "cuda":
             return states.cpu()
         if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(device=self.device)
+            self._copy_stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
         self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # the forward pass wrote it
         with torch.cuda.stream(self._copy_stream):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from client.errors import APIConnectionError, APITimeoutError, StreamError, status_error
+from client.errors import APIConnectionError, APIStatusError, APITimeoutError, StreamError, status_error
 from client.retry import retry_delay_s, server_failure, should_retry
 
 
-def status(code: int, **headers: str):  # type: ignore[no-untyped-def]
+def status(code: int, **headers: str) -> APIStatusError:
     return status_error(code, {"error": {"type": "x", "message": "m"}}, headers, "http://s")
 
 
@@ -30,7 +30,7 @@ def status(code: int, **headers: str):  # type: ignore[no-untyped-def]
         (status(400, **{"x-should-retry": "true"}), True, True, False),
     ],
 )
-def test_policy_table(exc, retry, requeue, busy):  # type: ignore[no-untyped-def]
+def test_policy_table(exc, retry, requeue, busy):
     assert should_retry(exc) is retry
     failure = server_failure(exc)
     assert (failure.requeue, failure.busy) == (requeue, busy)
