@@ -70,7 +70,7 @@ def encode_payload(blob: bytes, codec: Codec, level: int = 1, threads: int = 0) 
     return compressor.compress(data)
 
 
-def _zstd_frame(payload: bytes | memoryview, raw_bytes: int, what: str) -> bytes:
+def _zstd_frame(payload: bytes | bytearray | memoryview, raw_bytes: int, what: str) -> bytes:
     """One zstd frame that must declare and decompress to exactly ``raw_bytes``."""
     try:
         size = zstandard.frame_content_size(payload)
