@@ -239,12 +239,13 @@ class ExtractStream:
                 unreleased.append(result)
                 n_left -= 1
                 if out_bytes >= self.chunk_bytes or not encoding or not encoding[0][2].done():
+                    pieces, n_frames_out = self._pieces(out), out_frames
+                    out, out_bytes, out_frames = [], 0, 0
                     started = time.perf_counter()
-                    for piece in self._pieces(out):
+                    for piece in pieces:
                         yield piece
                     self.metrics.inc("eagle3_stage_seconds_total", time.perf_counter() - started, stage="send")
-                    self.sent_seq += out_frames
-                    out, out_bytes, out_frames = [], 0, 0
+                    self.sent_seq += n_frames_out
                     for done in unreleased:
                         self.sched.release(req, done.sample.n_tokens)
                     unreleased = []
@@ -253,6 +254,9 @@ class ExtractStream:
                 yield piece
         except Exception as exc:
             logger.exception("request %s: stream failed", req.request_id)
+            for piece in self._pieces(out):  # the samples counted as completed reach the client first
+                yield piece
+            self.sent_seq += out_frames
             error = {"type": "internal", "message": f"server error while streaming: {exc}"[:500], "retryable": True}
             yield self._terminal(FrameType.ERROR, {"error": error, "completed_sample_ids": self.completed})
         finally:
