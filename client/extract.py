@@ -15,7 +15,8 @@ Order of work (nothing is requested before every check passed):
 
 Ctrl-C (and SIGTERM under the CLI) stops the workers, writes the complete samples already received
 as a last shard, and leaves a directory that the same command resumes. A SIGKILL loses at most the
-samples of the shard being filled.
+samples of the shard being filled and of the one being written in the background (the writer thread
+writes shard k while this thread fills shard k+1).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def extract_dataset(
     check_prepared(prepared, info, prepared_dir)
     meta = features_meta(info, prepared_dir, _count_lines(prepared_dir / SAMPLES_FILE, config.limit))
     out_dir.mkdir(parents=True, exist_ok=True)
-    writer = FeaturesWriter.open(out_dir, meta, shard_mb=config.shard_mb, verify=config.verify)
+    writer = FeaturesWriter.open(out_dir, meta, shard_mb=config.shard_mb, verify=config.verify, background=True)
 
     max_request_tokens = min(config.request_tokens, info.limit("max_request_tokens", config.request_tokens))
     longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
@@ -264,13 +265,15 @@ def _run(
         raise
     finally:
         stop.set()
-        if flush_on_exit:
-            started = time.perf_counter()
-            try:
+        started = time.perf_counter()
+        try:
+            if flush_on_exit:
                 writer.flush()  # complete samples received so far: on disk, not lost
-            except FeaturesWriteError as exc:
-                logger.error("%s", exc)
-            write_s += time.perf_counter() - started
+        except FeaturesWriteError as exc:
+            logger.error("%s", exc)
+        finally:
+            writer.shutdown()
+        write_s += time.perf_counter() - started
         summary.bytes_written = writer.bytes_written
         summary.wire_bytes = sum(c.wire_bytes for c in clients)
         summary.stage_s = {k: sum(c.stage_s[k] for c in clients) for k in ("receive", "verify", "decode")}

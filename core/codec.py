@@ -70,7 +70,7 @@ def encode_payload(blob: bytes, codec: Codec, level: int = 1, threads: int = 0) 
     return compressor.compress(data)
 
 
-def _zstd_frame(payload: bytes | memoryview, raw_bytes: int, what: str) -> bytes:
+def _zstd_frame(payload: bytes | bytearray | memoryview, raw_bytes: int, what: str) -> bytes:
     """One zstd frame that must declare and decompress to exactly ``raw_bytes``."""
     try:
         size = zstandard.frame_content_size(payload)
@@ -91,7 +91,7 @@ def decode_payload(
     if codec == Codec.NONE:
         if len(payload) != raw_bytes:
             raise ProtocolError(f"payload is {len(payload)} bytes, meta says {raw_bytes}")
-        return payload
+        return payload if isinstance(payload, (bytes, memoryview)) else memoryview(payload)
     if codec == Codec.ZSTD_PLANES:
         view = memoryview(payload)
         if len(view) < PLANES_PREFIX.size:

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,14 @@ def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard
 class FeaturesWriter:
     """``open`` a directory (new or partly filled), ``add`` samples, ``close``; ``done_ids`` to resume."""
 
-    def __init__(self, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: float = DEFAULT_SHARD_MB) -> None:
+    def __init__(
+        self,
+        features_dir: str | Path,
+        meta: FeaturesMeta,
+        *,
+        shard_mb: float = DEFAULT_SHARD_MB,
+        background: bool = False,
+    ) -> None:
         self.dir = Path(features_dir)
         self.meta = meta
         self.shard_bytes = int(shard_mb * (1 << 20))
@@ -75,14 +83,24 @@ class FeaturesWriter:
         self.bytes_written = 0  # shard bytes written by this writer
         self.n_samples_written = 0
         self.n_tokens_written = 0
+        # background: a full shard is written by one writer thread while ``add`` keeps filling the next
+        # (at most one shard in flight; manifest lines stay in shard order); ``flush``/``close`` wait for it
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3-shard") if background else None
+        self._in_flight: Future[ShardRecord] | None = None
         self._reset_buffer()
 
     @classmethod
     def open(
-        cls, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: float = DEFAULT_SHARD_MB, verify: bool = False
+        cls,
+        features_dir: str | Path,
+        meta: FeaturesMeta,
+        *,
+        shard_mb: float = DEFAULT_SHARD_MB,
+        verify: bool = False,
+        background: bool = False,
     ) -> FeaturesWriter:
         """Create the directory or resume it: check features.json, repair the manifest tail, drop orphans."""
-        writer = cls(features_dir, meta, shard_mb=shard_mb)
+        writer = cls(features_dir, meta, shard_mb=shard_mb, background=background)
         writer._prepare(verify)
         return writer
 
@@ -170,7 +188,7 @@ class FeaturesWriter:
         if sample.sample_id in self.done_ids:
             raise FeaturesFormatError(f"sample {sample.sample_id!r} is already in {self.dir}")
         if self._sample_ids and self.buffered_bytes + n * bytes_per_token(self.meta) > self.shard_bytes:
-            self.flush()
+            self._shard_full()
         for parts, array, dtype in (
             (self._hidden, sample.hidden_states_bf16, "<u2"),
             (self._ids, sample.input_ids, "<i4"),
@@ -182,22 +200,52 @@ class FeaturesWriter:
         self._n_tokens.append(n)
         self.done_ids.add(sample.sample_id)
         if self.buffered_bytes >= self.shard_bytes:
+            self._shard_full()
+
+    def _shard_full(self) -> None:
+        if self._pool is None:
             self.flush()
+            return
+        self.wait()  # at most one shard in flight (raises its FeaturesWriteError, if any)
+        buffers = self._take_buffer()
+        self._in_flight = self._pool.submit(self._write_buffers, *buffers)
+
+    def wait(self) -> None:
+        """Block until the shard being written in the background is recorded (no-op otherwise)."""
+        future, self._in_flight = self._in_flight, None
+        if future is not None:
+            future.result()
 
     def flush(self) -> ShardRecord | None:
-        """Write the buffered samples as one shard and record it; nothing to do when empty."""
+        """Write the buffered samples as one shard and record it (after any background shard); nothing
+        to do when empty."""
+        self.wait()
         if not self._sample_ids:
             return None
-        ids, n_tokens = self._sample_ids, self._n_tokens
+        return self._write_buffers(*self._take_buffer())
+
+    def _take_buffer(self) -> tuple[list[str], list[int], list[memoryview], list[memoryview], list[memoryview]]:
+        out = (self._sample_ids, self._n_tokens, self._hidden, self._ids, self._mask)
+        self._reset_buffer()
+        return out
+
+    def _write_buffers(
+        self,
+        ids: list[str],
+        n_tokens: list[int],
+        hidden: list[memoryview],
+        token_ids: list[memoryview],
+        mask: list[memoryview],
+    ) -> ShardRecord:
         total = sum(n_tokens)
         offsets = [0]
         for n in n_tokens:
             offsets.append(offsets[-1] + n)
         shape = (total, self.meta.n_layers_stored, self.meta.hidden_size)
         specs = {
-            "hidden_states": ("BF16", shape, self._hidden),  # [T, L, H]
-            "input_ids": ("I32", (total,), self._ids),  # [T]
-            "loss_mask": ("U8", (total,), self._mask),  # [T]
+            "hidden_states": ("BF16", shape, hidden),  # [T, L, H]
+            "input_ids": ("I32", (total,), token_ids),  # [T]
+            "loss_mask": ("U8", (total,), mask),  # [T]
             "sample_offsets": ("I64", (len(ids) + 1,), [memoryview(_i64(offsets))]),  # [n + 1]
         }
         metadata = {
@@ -216,7 +264,6 @@ class FeaturesWriter:
         self.bytes_written += size
         self.n_samples_written += len(ids)
         self.n_tokens_written += total
-        self._reset_buffer()
         return record
 
     def _write_shard(self, name: str, chunks: list[bytes | memoryview]) -> tuple[int, str]:
@@ -258,6 +305,12 @@ class FeaturesWriter:
 
     def close(self) -> None:
         self.flush()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the background writer thread (after the shard it is writing; its errors are not raised)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 def shard_checksum_ok(path: Path, record: ShardRecord) -> bool:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +27,6 @@ from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import (
     CONTENT_TYPE,
-    Buffer,
     Codec,
     Frame,
     FrameType,
@@ -89,7 +88,10 @@ def n_frames(result: Result, max_payload_bytes: int) -> int:
     return -(-int(n_tokens) // tokens_per_blob(int(n_layers), int(hidden), max_payload_bytes))
 
 
-def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int, list[Buffer]]]:
+Chunk = bytes | memoryview  # what the response body yields (starlette takes both)
+
+
+def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int, list[Chunk]]]:
     """``(token_start, token_end, safetensors blob as parts)`` covering the sample, each within the limit.
     The parts are views of the states (no copy); write them in order."""
     states = result.states.to(torch.bfloat16).contiguous()  # [n, L+1, H]; no copy when already bf16
@@ -105,7 +107,7 @@ def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int,
             "input_ids": RawTensor("I32", (end - start,), ids[start:end].data.cast("B")),
             "loss_mask": RawTensor("U8", (end - start,), mask[start:end].data.cast("B")),
         }
-        out.append((start, end, list[Buffer](build_safetensors(tensors))))
+        out.append((start, end, build_safetensors(tensors)))
     return out
 
 
@@ -113,7 +115,7 @@ def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int,
 class Encoded:
     """One sample's frames as parts to write in order, with its byte counts and stage times."""
 
-    parts: list[Buffer]
+    parts: list[Chunk]
     raw_bytes: int
     wire_bytes: int
     copy_s: float
@@ -130,11 +132,11 @@ def encode_result(result: Result, seq: int, opts: EncodeOptions) -> Encoded:
     started = time.perf_counter()
     blobs = sample_blobs(result, opts.max_payload_bytes)
     copied = time.perf_counter()
-    parts: list[Buffer] = []
+    parts: list[Chunk] = []
     raw_total, wire_total = 0, 0
     for k, (start, end, blob_parts) in enumerate(blobs):
         raw = sum(memoryview(p).nbytes for p in blob_parts)
-        payload: list[Buffer] = blob_parts
+        payload: list[Chunk] = list(blob_parts)
         codec = opts.codec
         if codec != Codec.NONE:
             compressed = encode_payload(b"".join(blob_parts), codec, opts.zstd_level)
@@ -187,14 +189,14 @@ class ExtractStream:
     def close(self) -> None:
         self.sched.close(self.req)
 
-    async def body(self) -> AsyncIterator[Buffer]:
+    async def body(self) -> AsyncIterator[Chunk]:
         loop = asyncio.get_running_loop()
         req = self.req
         encoding: deque[tuple[Result, int, asyncio.Future[Encoded]]] = deque()
         yield self._frame(FrameType.HEADER, self.header.to_dict())
         self.sent_seq = self.seq
         n_left = len(req.samples)
-        out: list[Buffer] = []
+        out: list[Chunk] = []
         out_bytes, out_frames = 0, 0  # in `out`, not written yet
         unreleased: list[Result] = []
         try:
@@ -227,12 +229,13 @@ class ExtractStream:
                 unreleased.append(result)
                 n_left -= 1
                 if out_bytes >= self.chunk_bytes or not encoding or not encoding[0][2].done():
+                    pieces, n_frames_out = self._pieces(out), out_frames
+                    out, out_bytes, out_frames = [], 0, 0
                     started = time.perf_counter()
-                    for piece in self._pieces(out):
+                    for piece in pieces:
                         yield piece
                     self.metrics.inc("eagle3_stage_seconds_total", time.perf_counter() - started, stage="send")
-                    self.sent_seq += out_frames
-                    out, out_bytes, out_frames = [], 0, 0
+                    self.sent_seq += n_frames_out
                     for done in unreleased:
                         self.sched.release(req, done.sample.n_tokens)
                     unreleased = []
@@ -241,6 +244,9 @@ class ExtractStream:
                 yield piece
         except Exception as exc:
             logger.exception("request %s: stream failed", req.request_id)
+            for piece in self._pieces(out):  # the samples counted as completed reach the client first
+                yield piece
+            self.sent_seq += out_frames
             error = ErrorInfo.from_dict(error_meta("internal", f"server error while streaming: {exc}"[:500]))
             yield self._terminal(FrameType.ERROR, AbortMeta(error, tuple(self.completed)).to_dict())
         finally:
@@ -264,10 +270,10 @@ class ExtractStream:
         self.metrics.inc("eagle3_stage_seconds_total", encoded.copy_s, stage="copy")
         self.metrics.inc("eagle3_stage_seconds_total", encoded.encode_s, stage="encode")
 
-    def _pieces(self, parts: list[Buffer]) -> list[Buffer]:
+    def _pieces(self, parts: list[Chunk]) -> list[Chunk]:
         """HTTP writes of about ``chunk_bytes``: runs of small parts joined, big parts sliced (not copied)."""
-        pieces: list[Buffer] = []
-        small: list[Buffer] = []
+        pieces: list[Chunk] = []
+        small: list[Chunk] = []
         small_bytes = 0
         for part in parts:
             size = memoryview(part).nbytes
@@ -294,8 +300,7 @@ class FrameStreamResponse(StreamingResponse):
     def __init__(
         self, stream: ExtractStream, headers: dict[str, str], on_close: Callable[[], None] | None = None
     ) -> None:
-        body = cast(AsyncIterator[bytes | memoryview], stream.body())  # bytearray parts are bytes-like too
-        super().__init__(body, media_type=CONTENT_TYPE, headers=headers)
+        super().__init__(stream.body(), media_type=CONTENT_TYPE, headers=headers)
         self.stream = stream
         self.on_close = on_close  # once, when the response ends for any reason (the tenant's connection slot)
 

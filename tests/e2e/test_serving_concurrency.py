@@ -46,7 +46,7 @@ def read_all(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 def test_kill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
-    prepared, n_samples, _ = random_prepared(tmp_path / "prepared", 60_000, p50=300)
+    prepared, n_samples, _ = random_prepared(tmp_path / "prepared", 40_000, p50=300)
     server = synthetic_server(tmp_path)
     try:
         whole = extract_dataset(prepared, tmp_path / "whole", server.url, config=ExtractConfig(progress=False))
@@ -86,7 +86,7 @@ def test_kill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path: Path) ->
 
 
 def test_two_tenants_at_once_both_progress_throughout(tmp_path: Path) -> None:
-    prepared, _, _ = random_prepared(tmp_path / "prepared", 30_000, p50=200)
+    prepared, _, _ = random_prepared(tmp_path / "prepared", 16_000, p50=200)
     samples = [{"id": s.sample_id, "input_ids": s.input_ids} for s in iter_prepared(prepared)]
     server = synthetic_server(tmp_path, keys={"alice": "ka", "bob": "kb"})
     arrivals: dict[str, list[float]] = {"alice": [], "bob": []}

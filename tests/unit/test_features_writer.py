@@ -228,3 +228,37 @@ def test_adding_a_sample_twice_or_of_the_wrong_shape_is_refused(tmp_path):
     wrong = ExtractedSample("w", s.input_ids, s.loss_mask, s.hidden_states_bf16[:, :2], AUX, FINAL)
     with pytest.raises(IncompatibleError, match="states"):
         writer.add(wrong)
+
+
+def test_background_writer_makes_the_same_shards_in_order_and_raises_its_errors(tmp_path, monkeypatch):
+    big = (1 << 20) // (ROW_BYTES + 5) // 3  # rows: three samples fill a 1 MiB shard
+    samples = [sample(i, big) for i in range(10)]
+    sync_dir, bg_dir = tmp_path / "sync", tmp_path / "bg"
+    write(sync_dir, samples)
+    writer = FeaturesWriter.open(bg_dir, META, shard_mb=1, background=True)
+    for s in samples:
+        writer.add(s)
+    writer.close()
+    sync_records, bg_records = list(iter_manifest(sync_dir)), list(iter_manifest(bg_dir))
+    assert [r.sample_ids for r in bg_records] == [r.sample_ids for r in sync_records]
+    assert [r.shard[:12] for r in bg_records] == [f"shard-{i:06d}" for i in range(len(bg_records))]
+    with FeaturesReader(bg_dir, verify=True) as bg, FeaturesReader(sync_dir) as ref:
+        for s in ref:
+            assert np.array_equal(bg[s.sample_id].hidden_states_bf16, s.hidden_states_bf16)
+    # a background failure surfaces on the next call that waits for it
+    import builtins
+
+    real_open = builtins.open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".tmp") and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    writer = FeaturesWriter.open(tmp_path / "full", META, shard_mb=1, background=True)
+    monkeypatch.setattr(builtins, "open", full_open)
+    for s in samples[:3]:
+        writer.add(s)  # the third fills the shard: written in the background, fails there
+    with pytest.raises(FeaturesWriteError, match="disk full while writing shard"):
+        writer.flush()
+    writer.shutdown()

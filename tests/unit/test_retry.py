@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.client.errors import APIConnectionError, APITimeoutError, StreamError, status_error
+from eagle3.client.errors import APIConnectionError, APIStatusError, APITimeoutError, StreamError, status_error
 from eagle3.client.retry import retry_delay_s, server_failure, should_retry
 
 
-def status(code: int, **headers: str):  # type: ignore[no-untyped-def]
+def status(code: int, **headers: str) -> APIStatusError:
     return status_error(code, {"error": {"type": "x", "message": "m"}}, headers, "http://s")
 
 
