@@ -44,6 +44,7 @@ class OfflineOnline:
     offline_step0_hits: int = 0
     oov: int = 0  # positions whose teacher argmax lies outside the draft vocab (never accepted online)
     teacher_differs: int = 0  # positions where the bf16 features' teacher argmax != the fp32 greedy token
+    step0_disagree: int = 0  # positions where the online and offline step-0 verdicts differ (bf16 vs fp32 inputs)
     online: RoundCounts = field(init=False)  # the verifier's rounds
     offline: RoundCounts = field(init=False)  # simulated on the features
 
@@ -86,8 +87,9 @@ class OfflineOnline:
             f"({self.online.rounds} rounds)  offline {pct(self.offline.accepted_per_position)} % "
             f"({self.offline.rounds} rounds)",
             f"  tau                             online {self.online.tau:.3f}  offline {self.offline.tau:.3f}",
-            f"  bf16 teacher argmax != fp32 greedy token at {self.teacher_differs} positions; "
-            f"output identical to greedy: {'yes' if self.identical else 'NO'}",
+            f"  step-0 verdicts differing online/offline at {self.step0_disagree} positions; bf16 teacher argmax != "
+            f"fp32 greedy token at {self.teacher_differs}; output identical to greedy: "
+            f"{'yes' if self.identical else 'NO'}",
         ])  # fmt: skip
 
 
@@ -152,8 +154,10 @@ def compare_offline_online(
         for t in rows:
             target = ids[t + 2]
             report.tokens += 1
-            report.online_step0_hits += int(step0[t] == target)
-            report.offline_step0_hits += int(hits[0, t])
+            online_hit, offline_hit = step0[t] == target, bool(hits[0, t])
+            report.online_step0_hits += int(online_hit)
+            report.offline_step0_hits += int(offline_hit)
+            report.step0_disagree += int(online_hit != offline_hit)
             report.oov += int(not bool(draft.t2d[int(teacher_ids[t + 1])]))
             report.teacher_differs += int(int(teacher_ids[t + 1]) != target)
         report.n_sequences += 1

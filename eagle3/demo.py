@@ -89,7 +89,8 @@ def step(n: int, text: str) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     from eagle3.draft_trainer.config import load_config
     from eagle3.draft_trainer.distill import regenerate
-    from eagle3.draft_trainer.evaluate import evaluate
+    from eagle3.draft_trainer.errors import DataError
+    from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts
     from eagle3.draft_trainer.export import check_export, export_draft
     from eagle3.draft_trainer.train import train
 
@@ -127,9 +128,14 @@ def run_demo(args: argparse.Namespace) -> int:
     export_draft(run_dir, export_dir)
     print(f"  {len(check_export(export_dir))} tensors match vLLM's loader")
     step(8, f"eval: speculative decoding, k={args.k}, up to {args.eval_prompts} prompts of the held-out split")
-    report = evaluate(export_dir, prepared=distilled, features=features, model=args.model, k=args.k,
-                      n_prompts=args.eval_prompts, threads=2,
-                      heldout_fraction=DEMO_TRAIN["heldout_fraction"])  # fmt: skip
+    fraction: float | None = DEMO_TRAIN["heldout_fraction"]
+    try:
+        heldout_prompts(prepared, features, args.eval_prompts, fraction)
+    except DataError:  # a small --samples can leave the hash split empty
+        print("  the held-out split holds no prompt: evaluating on prompts absent from the features instead")
+        fraction = None
+    report = evaluate(export_dir, prepared=prepared, features=features, model=args.model, k=args.k,
+                      n_prompts=args.eval_prompts, threads=2, heldout_fraction=fraction)  # fmt: skip
     print(report.format_text())
     print(speedup_note(report.tau, report.k, report.rounds, report.generated_tokens, report.speculative_s,
                        report.baseline_s))  # fmt: skip
