@@ -8,8 +8,9 @@ first use, so importing one submodule loads only what it needs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from eagle3.core.lazy import lazy_exports
 
 _EXPORTS = {
     "ExtractionClient": "eagle3.client.sdk",
@@ -35,8 +36,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'eagle3.client' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
