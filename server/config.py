@@ -3,6 +3,7 @@ variables and the ``--config`` file are generated from it (``eagle3.core.knobs``
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,12 @@ class ServerSettings:
     drain_timeout_s: float = knob(30.0, "seconds open streams get to finish after SIGTERM")
     heartbeat_s: float = knob(10.0, "seconds between HEARTBEAT frames of an idle stream")
     log_level: str = knob("info", "server log level", choices=("debug", "info", "warning", "error"))
+    log_format: str = knob("text", "log lines as text, or one JSON object per line (k8s)", choices=("text", "json"))
+    # who may see what without a key
+    allow_anonymous: bool = knob(False, "serve without API keys on a non-loopback --host (anyone who reaches "
+                                 "the port can extract)")  # fmt: skip
+    public_metrics: bool = knob(False, "serve /metrics without an API key (a Prometheus scraper is not a tenant)")
+    public_status: bool = knob(False, "serve the status page (/ and /v1/status) without an API key")
     # derived: key -> tenant, from api_key and api_keys_file (or given directly)
     api_keys: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -105,6 +112,12 @@ class ServerSettings:
             raise SettingsError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in ("bfloat16", "float32"):
             raise SettingsError(f"--dtype must be bfloat16 or float32, got {self.dtype!r}")
+        if not self.api_keys and not self.allow_anonymous and not is_loopback(self.host):
+            raise SettingsError(
+                f"--host {self.host} is reachable from other machines and no API key is set: anyone could use "
+                "the server. Give keys (--api-keys-file FILE or EAGLE3_API_KEY), or pass --allow-anonymous "
+                "if the network itself is private."
+            )
 
     @property
     def vllm_options(self) -> VllmOptions:
@@ -138,6 +151,16 @@ class ServerSettings:
         """The most tokens one request may carry: it must also fit the in-flight quotas, else it could
         never be admitted (a 400, not an endless 429)."""
         return min(self.max_request_tokens, self.max_tenant_inflight_tokens, self.max_inflight_tokens)
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
 
 
 def default_tensor_parallel_size() -> int:

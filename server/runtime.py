@@ -28,6 +28,7 @@ from eagle3.core.masking import ChatTokenizer
 from eagle3.core.protocol.frames import CODEC_NAMES
 from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_backend
 from eagle3.server.config import ServerSettings
+from eagle3.server.load_history import expected_load_s, load_key, record_load_s
 from eagle3.server.metrics import Metrics
 from eagle3.server.scheduler import Scheduler, request_buffer_tokens
 from eagle3.server.warmup import warm_up
@@ -78,6 +79,9 @@ class Runtime:
         self.progress = 0.0
         self.error: str | None = None
         self.started_at = time.monotonic()
+        self._load_key = load_key(settings.model, settings.backend, settings.tensor_parallel_size or 1, settings.dtype)
+        self._records_load = backend is None  # an injected backend (tests) is no evidence of a real load time
+        self.expected_load_s = expected_load_s(self._load_key) if self._records_load else None
         self._thread: threading.Thread | None = None
 
     def _extract(self, batch: Any) -> Any:
@@ -123,6 +127,8 @@ class Runtime:
             timings = warm_up(self)
             logger.info("warm-up: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
             self.metrics.load_time_s = time.monotonic() - self.started_at
+            if self._records_load:
+                record_load_s(self._load_key, self.metrics.load_time_s)
             if self.status == "loading":
                 self.status = "ready"
             self._progress("ready", 1.0)
@@ -156,6 +162,14 @@ class Runtime:
         if self.backend is not None:
             self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def load_estimate(self) -> dict[str, float]:
+        """``expected_s`` (the last load of the same model, backend, TP and dtype) and ``eta_s`` while
+        loading, when a previous load was recorded; else nothing."""
+        if self.status != "loading" or self.expected_load_s is None:
+            return {}
+        elapsed_s = time.monotonic() - self.started_at
+        return {"expected_s": self.expected_load_s, "eta_s": round(max(0.0, self.expected_load_s - elapsed_s), 1)}
 
     def describe(self) -> dict[str, Any]:
         """``/v1/info`` body (call only when loaded)."""

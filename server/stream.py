@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
 from eagle3.core.protocol.frames import CONTENT_TYPE, PROTOCOL_VERSION, Codec, Frame, FrameType, encode_frame
 from eagle3.server.backends import BackendInfo
 from eagle3.server.metrics import Metrics
+from eagle3.server.request_log import log_finished_request
 from eagle3.server.scheduler import Request, Result, Scheduler
 
 logger = logging.getLogger(__name__)
@@ -131,6 +133,8 @@ class ExtractStream:
         self.seq = 0
         self.counts = {"n_samples": 0, "n_failed": 0, "n_tokens": 0, "payload_bytes": 0, "raw_bytes": 0}
         self.completed: list[str] = []
+        self.outcome = "cancelled"  # ok | partial (some SAMPLE_ERROR) | aborted | error | cancelled (client left)
+        self._finished = False
 
     def _frame(self, ftype: FrameType, meta: dict[str, Any]) -> bytes:
         data = encode_frame(Frame(ftype, self.seq, meta))
@@ -139,6 +143,9 @@ class ExtractStream:
 
     def close(self) -> None:
         self.sched.close(self.req)
+        if not self._finished:  # called twice (stream finally, response finally): one log line
+            self._finished = True
+            log_finished_request(self.req, self.counts, self.outcome)
 
     async def body(self) -> AsyncIterator[bytes | memoryview]:
         loop = asyncio.get_running_loop()
@@ -154,6 +161,7 @@ class ExtractStream:
                 results = await req.next_results(self.heartbeat_s)
                 if req.abort_error is not None:
                     meta = {"error": req.abort_error, "completed_sample_ids": self.completed}
+                    self.outcome = "aborted"
                     yield self._frame(FrameType.ERROR, meta)
                     return
                 if not results:
@@ -174,10 +182,13 @@ class ExtractStream:
                         out = []
                     self.sched.release(req, result.sample.n_tokens)  # streamed out (or buffered in `out`)
             out.append(self._frame(FrameType.END, {"n_frames": self.seq + 1, **self.counts}))
+            self.outcome = "partial" if self.counts["n_failed"] else "ok"
             for piece in self._pieces(out):
                 yield piece
         except Exception as exc:
             logger.exception("request %s: stream failed", req.request_id)
+            self.outcome = "error"
+            self.metrics.note_error("internal", req.tenant, req.request_id, f"stream failed: {exc}")
             error = {"type": "internal", "message": f"server error while streaming: {exc}"[:500], "retryable": True}
             yield self._frame(FrameType.ERROR, {"error": error, "completed_sample_ids": self.completed})
         finally:
@@ -188,14 +199,19 @@ class ExtractStream:
             self.counts["n_samples"] += 1
             self.counts["n_tokens"] += result.sample.n_tokens
             self.completed.append(result.sample.sample_id)
-            self.metrics.inc("eagle3_samples_total", outcome="ok")
+            self.metrics.inc("eagle3_samples_total", tenant=self.req.tenant, outcome="ok")
         else:
             self.counts["n_failed"] += 1
-            self.metrics.inc("eagle3_samples_total", outcome="failed")
+            self.metrics.inc("eagle3_samples_total", tenant=self.req.tenant, outcome="failed")
+            error = result.error or {}
+            self.metrics.note_error(str(error.get("type", "sample_error")), self.req.tenant, self.req.request_id,
+                                    f"sample {result.sample.sample_id!r}: {error.get('message', '')}")  # fmt: skip
         self.counts["payload_bytes"] += wire
         self.counts["raw_bytes"] += raw
-        self.metrics.inc("eagle3_stream_bytes_total", wire, kind="wire")
-        self.metrics.inc("eagle3_stream_bytes_total", raw, kind="raw")
+        self.metrics.inc("eagle3_stream_bytes_total", wire, tenant=self.req.tenant, kind="wire")
+        self.metrics.inc("eagle3_stream_bytes_total", raw, tenant=self.req.tenant, kind="raw")
+        if self.counts["n_samples"] + self.counts["n_failed"] == 1:
+            self.metrics.observe("eagle3_time_to_first_sample_seconds", time.monotonic() - self.req.admitted_at)
 
     def _pieces(self, frames: list[bytes]) -> list[bytes | memoryview]:
         """Small frames joined, big ones sliced: HTTP writes of about ``chunk_bytes`` each."""

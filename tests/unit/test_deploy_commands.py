@@ -152,7 +152,10 @@ def test_command_parses_with_the_real_cli(command):
     args = parse(command)
     if args.command == "serve":
         assert "--backend" in command.argv, "serve commands name their backend (auto differs per host)"
-        args.api_key, args.api_keys_file = [], None  # the keys file exists only inside the container
+        # the keys file exists only inside the container: a command that names one gets a stand-in key (a
+        # public --host without any key is refused, and must stay refused here)
+        gives_keys = "--api-keys-file" in command.argv or "--api-key" in command.argv
+        args.api_key, args.api_keys_file = (["stand-in-key"] if gives_keys else []), None
         settings = settings_from_args(args)
         assert settings.tensor_parallel_size is not None and settings.tensor_parallel_size >= 1
     if args.command == "train":
