@@ -29,7 +29,13 @@ from pathlib import Path
 
 import httpx
 
-from eagle3.client.errors import FeaturesWriteError, IncompatibleError, NoServerAvailableError, SampleFailure
+from eagle3.client.errors import (
+    FeaturesWriteError,
+    IncompatibleError,
+    NoServerAvailableError,
+    SampleFailure,
+    ServiceUnavailableError,
+)
 from eagle3.client.extract_work import BatchSource, ByteBudget, ServerWorker, cut_batches
 from eagle3.client.progress import Progress
 from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient, ServerInfo
@@ -39,6 +45,7 @@ from eagle3.core.protocol.prepared import SAMPLES_FILE, PreparedMeta, PreparedSa
 from eagle3.core.sample import ExtractedSample
 
 logger = logging.getLogger(__name__)
+LOADING_RETRY_AFTER_S = 5  # the server's Retry-After while loading: retries of a loading server last about this each
 
 
 @dataclass(frozen=True)
@@ -134,8 +141,26 @@ def extract_dataset(
     with ExtractionClient(url_list, api_key, timeout_s=config.timeout_s, max_retries=config.max_retries,
                           transport=transport, sleep=sleep) as probe:  # fmt: skip
         if config.wait_ready_s > 0:
-            probe.wait_until_ready(config.wait_ready_s)
-        info = probe.info()
+            probe.wait_until_ready(config.wait_ready_s, report=logger.info)
+        else:
+            loading = probe.loading_state()
+            if loading is not None:
+                logger.warning(
+                    "%s is not ready (%s); trying for about %d s. For a verifier that loads longer, pass "
+                    "--wait-ready-s SECONDS (ExtractConfig.wait_ready_s), e.g. --wait-ready-s 3600",
+                    probe.url, loading, config.max_retries * LOADING_RETRY_AFTER_S,
+                )  # fmt: skip
+        try:
+            info = probe.info()
+        except ServiceUnavailableError as exc:
+            if exc.reason != "loading":
+                raise
+            raise ServiceUnavailableError(
+                f"{exc} -- the server is still loading its model: rerun with --wait-ready-s SECONDS "
+                "(e.g. 3600) to wait for it",
+                status_code=exc.status_code, url=exc.url, type=exc.type, reason=exc.reason,
+                request_id=exc.request_id, retry_after_s=exc.retry_after_s,
+            ) from None  # fmt: skip
     check_prepared(prepared, info, prepared_dir)
     meta = features_meta(info, prepared_dir, _count_lines(prepared_dir / SAMPLES_FILE, config.limit))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -161,6 +161,26 @@ def _messages(messages: Any, index: int) -> list[dict[str, Any]]:
     return [dict(m) for m in messages]
 
 
+def describe_readyz(resp: httpx.Response) -> str:
+    """One line from a ``/readyz`` answer: status, phase, progress, elapsed and expected load time."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code} {resp.text[:200]}"
+    if not isinstance(body, dict):
+        return f"HTTP {resp.status_code}"
+    text = f"{body.get('status', resp.status_code)}"
+    if body.get("phase"):
+        text += f", {body['phase']}"
+    if isinstance(body.get("progress"), int | float):
+        text += f" ({body['progress']:.0%})"
+    if isinstance(body.get("elapsed_s"), int | float):
+        text += f", loading for {body['elapsed_s']:.0f} s"
+        if isinstance(body.get("expected_s"), int | float):
+            text += f" of about {body['expected_s']:.0f} s (the last load)"
+    return text
+
+
 class ExtractionClient:
     """A client of one or more extraction servers (``urls``): info, readiness and streamed extraction."""
 
@@ -215,10 +235,30 @@ class ExtractionClient:
         except httpx.HTTPError:
             return False
 
-    def wait_until_ready(self, timeout_s: float = 1800.0, poll_s: float = 2.0) -> None:
-        """Block until some server of the list answers ``/readyz`` 200 (a large verifier loads for minutes)."""
-        deadline = time.monotonic() + timeout_s
+    def loading_state(self) -> str | None:
+        """None when the current server is ready (or does not answer: the request itself will say
+        so); else one line on why not (``describe_readyz``)."""
+        try:
+            resp = self._http.get(self.url + "/readyz")
+        except httpx.HTTPError:
+            return None
+        return None if resp.status_code == 200 else describe_readyz(resp)
+
+    def wait_until_ready(
+        self,
+        timeout_s: float = 1800.0,
+        poll_s: float = 2.0,
+        *,
+        report: Callable[[str], None] | None = None,
+        report_every_s: float = 30.0,
+    ) -> None:
+        """Block until some server of the list answers ``/readyz`` 200 (a large verifier loads for minutes).
+        ``report`` gets a line (phase, elapsed, the server's expected load time) at once and then every
+        ``report_every_s``: a long wait is never silent."""
+        started = time.monotonic()
+        deadline = started + timeout_s
         last = "no answer"
+        next_report = started
         while True:
             for index, url in enumerate(self.urls):
                 try:
@@ -229,7 +269,11 @@ class ExtractionClient:
                 if resp.status_code == 200:
                     self._url_index = index
                     return
-                last = f"{url}: {resp.text[:200]}"
+                last = f"{url}: {describe_readyz(resp)}"
+            if report is not None and time.monotonic() >= next_report:
+                next_report = time.monotonic() + report_every_s
+                waited_s = time.monotonic() - started
+                report(f"waiting for a server to be ready ({waited_s:.0f} s of at most {timeout_s:.0f} s): {last}")
             if time.monotonic() >= deadline:
                 raise APITimeoutError(f"no server ready after {timeout_s:.0f} s (last: {last})", url=self.url)
             self._sleep(poll_s)
