@@ -60,7 +60,7 @@ class ExtractConfig:
     verify: bool = False  # sha256 of every recorded shard before resuming
     check_disk: bool = True
     wait_ready_s: float = 0.0  # wait this long for a loading server before failing
-    progress: bool | None = None  # None: when stderr is a terminal
+    progress: bool | None = None  # None: a tqdm bar on a terminal or in Jupyter, a log line every 30 s otherwise
 
 
 @dataclass

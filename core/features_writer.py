@@ -25,6 +25,7 @@ import numpy as np
 
 from eagle3.core.codec import RawTensor, build_safetensors
 from eagle3.core.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol.features import (
     FEATURES_META_FILE,
     MANIFEST_FILE,
@@ -101,6 +102,7 @@ class FeaturesWriter:
             raise _write_error(exc, self.dir, "preparing the features directory") from None
         self.records = list(iter_manifest(self.dir))
         recorded = set()
+        bar = ProgressBar("verify", len(self.records), unit="shard", enabled=None if verify else False)
         for record in self.records:
             path = shards / record.shard
             if not path.is_file() or path.stat().st_size != record.bytes:
@@ -111,11 +113,13 @@ class FeaturesWriter:
                 )
             if verify and sha256_file(path) != record.sha256:
                 raise FeaturesFormatError(f"{path}: sha256 differs from {MANIFEST_FILE} (corrupt shard)")
+            bar.update(1)
             duplicate = self.done_ids.intersection(record.sample_ids)
             if duplicate:
                 raise FeaturesFormatError(f"{MANIFEST_FILE}: sample {sorted(duplicate)[0]!r} recorded twice")
             self.done_ids.update(record.sample_ids)
             recorded.add(record.shard)
+        bar.close()
         for path in shards.iterdir():
             if path.name not in recorded:
                 logger.info("removing orphan %s (not in %s)", path, MANIFEST_FILE)

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from eagle3.core.progress import ProgressBar
 from eagle3.draft_trainer.checkpoint import (
     DRAFT_DIR,
     load_checkpoint,
@@ -268,12 +268,12 @@ def _log(path: Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record) + "\n")
 
 
-def _progress(step: int, total: int, record: dict[str, Any], started: float, tokens: int) -> None:
-    elapsed = time.monotonic() - started
-    done = int(30 * step / total)
-    line = (f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{total} {step / elapsed:.2f} steps/s "
-            f"{tokens / elapsed:,.0f} tok/s loss {record['loss']:.3f} accept {record['sim_accept']:.2f}")  # fmt: skip
-    print(line, end="" if step < total else "\n", file=sys.stderr, flush=True)  # noqa: T201
+def _progress(bar: ProgressBar, record: dict[str, Any], started: float, tokens: int) -> None:
+    elapsed_s = max(time.monotonic() - started, 1e-6)
+    bar.set_postfix(
+        loss=f"{record['loss']:.3f}", accept=f"{record['sim_accept']:.2f}", tok_s=f"{tokens / elapsed_s:,.0f}"
+    )
+    bar.update(1)
 
 
 def train(cfg: TrainConfig) -> RunResult:
@@ -290,6 +290,7 @@ def train(cfg: TrainConfig) -> RunResult:
     stop = _Stop()
     previous = signal.signal(signal.SIGTERM, stop) if _is_main_thread() else None
     started, tokens_seen = time.monotonic(), 0
+    bar = ProgressBar("train", trainer.total_steps, unit="step", initial=trainer.step, enabled=main and cfg.progress)
     try:
         while trainer.step < trainer.total_steps and not stop.requested:
             record = trainer.train_step()
@@ -300,10 +301,11 @@ def train(cfg: TrainConfig) -> RunResult:
             if main and (trainer.step % cfg.log_every_steps == 0 or evaluate_now):
                 _log(metrics, dict(record, epoch=(trainer.step - 1) // trainer.steps_per_epoch, time=time.time()))
             if main and cfg.progress:
-                _progress(trainer.step, trainer.total_steps, record, started, tokens_seen)
+                _progress(bar, record, started, tokens_seen)
             if main and trainer.step % cfg.checkpoint_every_steps == 0:
                 save_checkpoint(run_dir, trainer.state())
     finally:
+        bar.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if main:
