@@ -166,36 +166,39 @@ def extract_dataset(
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = FeaturesWriter.open(out_dir, meta, shard_mb=config.shard_mb, verify=config.verify)
 
-    max_request_tokens = min(config.request_tokens, info.limit("max_request_tokens", config.request_tokens))
-    longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
-    n_todo, n_tokens_todo, n_skipped = 0, 0, 0
-    for index, sample in enumerate(iter_prepared(prepared_dir, vocab_size=info.vocab_size)):
-        if config.limit is not None and index >= config.limit:
-            break
-        if sample.sample_id in writer.done_ids:
-            n_skipped += 1
-            continue
-        if sample.n_tokens > longest:
-            raise IncompatibleError(
-                f"sample {sample.sample_id!r} ({sample.source}) has {sample.n_tokens} tokens, over the server's "
-                f"limit of {longest}; re-run eagle3 prepare with --max-length {longest}"
-            )
-        n_todo += 1
-        n_tokens_todo += sample.n_tokens
-    if config.check_disk and n_tokens_todo:
-        check_free_disk(out_dir, n_tokens_todo, meta, config.shard_mb)
-    logger.info("%d samples (%d tokens) to extract, %d already done", n_todo, n_tokens_todo, n_skipped)
+    try:  # the directory stays locked until the run ends (FeaturesWriter.open)
+        max_request_tokens = min(config.request_tokens, info.limit("max_request_tokens", config.request_tokens))
+        longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
+        n_todo, n_tokens_todo, n_skipped = 0, 0, 0
+        for index, sample in enumerate(iter_prepared(prepared_dir, vocab_size=info.vocab_size)):
+            if config.limit is not None and index >= config.limit:
+                break
+            if sample.sample_id in writer.done_ids:
+                n_skipped += 1
+                continue
+            if sample.n_tokens > longest:
+                raise IncompatibleError(
+                    f"sample {sample.sample_id!r} ({sample.source}) has {sample.n_tokens} tokens, over the server's "
+                    f"limit of {longest}; re-run eagle3 prepare with --max-length {longest}"
+                )
+            n_todo += 1
+            n_tokens_todo += sample.n_tokens
+        if config.check_disk and n_tokens_todo:
+            check_free_disk(out_dir, n_tokens_todo, meta, config.shard_mb)
+        logger.info("%d samples (%d tokens) to extract, %d already done", n_todo, n_tokens_todo, n_skipped)
 
-    summary = ExtractSummary(str(out_dir), n_skipped=n_skipped)
-    batches = cut_batches(
-        _todo(prepared_dir, config.limit, set(writer.done_ids)),
-        max_request_tokens,
-        info.limit("max_body_bytes", 1 << 40),
-    )
-    _run(writer, batches, url_list, api_key, config, meta, n_todo, n_tokens_todo, summary, transport, sleep)
-    summary.wall_s = time.monotonic() - started
-    summary.bytes_on_disk = sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir())
-    return summary
+        summary = ExtractSummary(str(out_dir), n_skipped=n_skipped)
+        batches = cut_batches(
+            _todo(prepared_dir, config.limit, set(writer.done_ids)),
+            max_request_tokens,
+            info.limit("max_body_bytes", 1 << 40),
+        )
+        _run(writer, batches, url_list, api_key, config, meta, n_todo, n_tokens_todo, summary, transport, sleep)
+        summary.wall_s = time.monotonic() - started
+        summary.bytes_on_disk = sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir())
+        return summary
+    finally:
+        writer.release()
 
 
 def _run(

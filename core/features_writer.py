@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from eagle3.core.codec import RawTensor, build_safetensors
-from eagle3.core.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from eagle3.core.errors import FeaturesLockedError, FeaturesWriteError, IncompatibleError, InsufficientDiskError
 from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol.features import (
     FEATURES_META_FILE,
@@ -63,6 +64,9 @@ def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard
     return needed
 
 
+LOCK_FILE = ".lock"  # held by the writer while the directory is open (FeaturesWriter.open)
+
+
 class FeaturesWriter:
     """``open`` a directory (new or partly filled), ``add`` samples, ``close``; ``done_ids`` to resume."""
 
@@ -75,16 +79,43 @@ class FeaturesWriter:
         self.bytes_written = 0  # shard bytes written by this writer
         self.n_samples_written = 0
         self.n_tokens_written = 0
+        self._lock: FileLock | None = None
         self._reset_buffer()
 
     @classmethod
     def open(
         cls, features_dir: str | Path, meta: FeaturesMeta, *, shard_mb: float = DEFAULT_SHARD_MB, verify: bool = False
     ) -> FeaturesWriter:
-        """Create the directory or resume it: check features.json, repair the manifest tail, drop orphans."""
+        """Create the directory or resume it: check features.json, repair the manifest tail, drop orphans.
+
+        The directory is locked first (``LOCK_FILE``, ``filelock``: an OS lock, gone when the process
+        dies): a second writer would take the first one's in-flight shard for an orphan and delete
+        it, so it is refused with ``FeaturesLockedError`` instead. ``close()``/``release()`` unlock."""
         writer = cls(features_dir, meta, shard_mb=shard_mb)
-        writer._prepare(verify)
+        try:
+            writer.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _write_error(exc, writer.dir, "creating the features directory") from None
+        writer._lock = FileLock(writer.dir / LOCK_FILE)
+        try:
+            writer._lock.acquire(timeout=0)
+        except Timeout:
+            raise FeaturesLockedError(
+                f"{writer.dir} is being written by another process (eagle3 extract into the same --out); "
+                "wait for it to finish, or give this run another --out"
+            ) from None
+        try:
+            writer._prepare(verify)
+        except BaseException:
+            writer.release()
+            raise
         return writer
+
+    def release(self) -> None:
+        """Unlock the directory (idempotent)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # -- resume -----------------------------------------------------------------------------------
 
@@ -253,7 +284,10 @@ class FeaturesWriter:
             raise _write_error(exc, self.dir, f"recording shard {record.shard}", len(self.records)) from None
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            self.release()
 
     def discard_buffer(self) -> None:
         """Forget the samples not written yet (they stay missing and a rerun extracts them)."""

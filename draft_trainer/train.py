@@ -336,8 +336,6 @@ def _is_main_thread() -> bool:
 
 
 def _plot(run_dir: Path) -> None:
-    try:
-        from eagle3.draft_trainer.plot import plot_metrics
-    except ImportError:  # matplotlib missing: the JSONL log is the record
-        return
+    from eagle3.draft_trainer.plot import plot_metrics  # Pillow: declared by eagle3[train]
+
     plot_metrics(run_dir / METRICS_FILE, run_dir / "training.png")
