@@ -231,7 +231,7 @@ class FeaturesWriter:
             "schema_version": str(self.meta.schema_version),
             "sample_ids": json.dumps(ids),
             "layer_ids": json.dumps(list(self.meta.aux_layer_ids)),
-            "final_norm_applied": "false",
+            "final_norm_applied": str(self.meta.final_norm_applied).lower(),
         }
         name = f"shard-{len(self.records):06d}-{uuid.uuid4().hex[:12]}.safetensors"
         size, digest = self._write_shard(name, build_safetensors(tensors, metadata))
