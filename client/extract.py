@@ -31,7 +31,13 @@ from pathlib import Path
 
 import httpx
 
-from eagle3.client.errors import FeaturesWriteError, IncompatibleError, NoServerAvailableError, SampleFailure
+from eagle3.client.errors import (
+    FeaturesWriteError,
+    IncompatibleError,
+    NoServerAvailableError,
+    SampleFailure,
+    ServiceUnavailableError,
+)
 from eagle3.client.extract_work import BatchSource, ByteBudget, ServerWorker, cut_batches
 from eagle3.client.progress import Progress
 from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient
@@ -42,6 +48,7 @@ from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
 
 logger = logging.getLogger(__name__)
+LOADING_RETRY_AFTER_S = 5  # the server's Retry-After while loading: retries of a loading server last about this each
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,7 @@ class ExtractConfig:
     verify: bool = False  # checksum (xxh3-128, or sha256 in old manifests) of every recorded shard first
     check_disk: bool = True
     wait_ready_s: float = 0.0  # wait this long for a loading server before failing
-    progress: bool | None = None  # None: when stderr is a terminal
+    progress: bool | None = None  # None: a tqdm bar on a terminal or in Jupyter, a log line every 30 s otherwise
 
 
 @dataclass
@@ -140,43 +147,64 @@ def extract_dataset(
     with ExtractionClient(url_list, api_key, timeout_s=config.timeout_s, max_retries=config.max_retries,
                           transport=transport, sleep=sleep) as probe:  # fmt: skip
         if config.wait_ready_s > 0:
-            probe.wait_until_ready(config.wait_ready_s)
-        info = probe.info()
+            probe.wait_until_ready(config.wait_ready_s, report=logger.info)
+        else:
+            loading = probe.loading_state()
+            if loading is not None:
+                logger.warning(
+                    "%s is not ready (%s); trying for about %d s. For a verifier that loads longer, pass "
+                    "--wait-ready-s SECONDS (ExtractConfig.wait_ready_s), e.g. --wait-ready-s 3600",
+                    probe.url, loading, config.max_retries * LOADING_RETRY_AFTER_S,
+                )  # fmt: skip
+        try:
+            info = probe.info()
+        except ServiceUnavailableError as exc:
+            if exc.reason != "loading":
+                raise
+            raise ServiceUnavailableError(
+                f"{exc} -- the server is still loading its model: rerun with --wait-ready-s SECONDS "
+                "(e.g. 3600) to wait for it",
+                status_code=exc.status_code, url=exc.url, type=exc.type, reason=exc.reason,
+                request_id=exc.request_id, retry_after_s=exc.retry_after_s,
+            ) from None  # fmt: skip
     check_prepared(prepared, info, prepared_dir)
     meta = features_meta(info, prepared_dir, _count_lines(prepared_dir / SAMPLES_FILE, config.limit))
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = FeaturesWriter.open(out_dir, meta, shard_mb=config.shard_mb, verify=config.verify, background=True)
 
-    max_request_tokens = min(config.request_tokens, info.limit("max_request_tokens", config.request_tokens))
-    longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
-    n_todo, n_tokens_todo, n_skipped = 0, 0, 0
-    for index, sample in enumerate(iter_prepared(prepared_dir, vocab_size=info.vocab_size)):
-        if config.limit is not None and index >= config.limit:
-            break
-        if sample.sample_id in writer.done_ids:
-            n_skipped += 1
-            continue
-        if sample.n_tokens > longest:
-            raise IncompatibleError(
-                f"sample {sample.sample_id!r} ({sample.source}) has {sample.n_tokens} tokens, over the server's "
-                f"limit of {longest}; re-run eagle3 prepare with --max-length {longest}"
-            )
-        n_todo += 1
-        n_tokens_todo += sample.n_tokens
-    if config.check_disk and n_tokens_todo:
-        check_free_disk(out_dir, n_tokens_todo, meta, config.shard_mb)
-    logger.info("%d samples (%d tokens) to extract, %d already done", n_todo, n_tokens_todo, n_skipped)
+    try:  # the directory stays locked until the run ends (FeaturesWriter.open)
+        max_request_tokens = min(config.request_tokens, info.limit("max_request_tokens", config.request_tokens))
+        longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
+        n_todo, n_tokens_todo, n_skipped = 0, 0, 0
+        for index, sample in enumerate(iter_prepared(prepared_dir, vocab_size=info.vocab_size)):
+            if config.limit is not None and index >= config.limit:
+                break
+            if sample.sample_id in writer.done_ids:
+                n_skipped += 1
+                continue
+            if sample.n_tokens > longest:
+                raise IncompatibleError(
+                    f"sample {sample.sample_id!r} ({sample.source}) has {sample.n_tokens} tokens, over the server's "
+                    f"limit of {longest}; re-run eagle3 prepare with --max-length {longest}"
+                )
+            n_todo += 1
+            n_tokens_todo += sample.n_tokens
+        if config.check_disk and n_tokens_todo:
+            check_free_disk(out_dir, n_tokens_todo, meta, config.shard_mb)
+        logger.info("%d samples (%d tokens) to extract, %d already done", n_todo, n_tokens_todo, n_skipped)
 
-    summary = ExtractSummary(str(out_dir), n_skipped=n_skipped)
-    batches = cut_batches(
-        _todo(prepared_dir, config.limit, set(writer.done_ids)),
-        max_request_tokens,
-        info.limit("max_body_bytes", 1 << 40),
-    )
-    _run(writer, batches, url_list, api_key, config, meta, n_todo, n_tokens_todo, summary, transport, sleep)
-    summary.wall_s = time.monotonic() - started
-    summary.bytes_on_disk = sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir())
-    return summary
+        summary = ExtractSummary(str(out_dir), n_skipped=n_skipped)
+        batches = cut_batches(
+            _todo(prepared_dir, config.limit, set(writer.done_ids)),
+            max_request_tokens,
+            info.limit("max_body_bytes", 1 << 40),
+        )
+        _run(writer, batches, url_list, api_key, config, meta, n_todo, n_tokens_todo, summary, transport, sleep)
+        summary.wall_s = time.monotonic() - started
+        summary.bytes_on_disk = sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir())
+        return summary
+    finally:
+        writer.release()
 
 
 def _run(

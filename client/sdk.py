@@ -61,6 +61,12 @@ from eagle3.core.sample import ExtractedSample
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "EAGLE3_API_KEY"
+SERVER_URL_ENV = "EAGLE3_SERVER_URL"  # like OPENAI_BASE_URL: the default ``urls`` (comma-separated for several)
+# Token ids sent without a loss mask (a bare list, or a dict without "loss_mask") get this mask value
+# for every token: 0, "not trained on" (the server's own default too). Send a mask, chat messages (the
+# template marks the assistant turns) or PreparedSample to train on a sample's tokens.
+DEFAULT_LOSS_MASK = 0
+JSON_BYTES_PER_TOKEN = 10  # a request body's size per token id, generously (ids up to 6 digits, separators)
 DEFAULT_TIMEOUT_S = 120.0  # per read: the server sends a heartbeat every 10 s while it works
 DEFAULT_MAX_RETRIES = 5
 
@@ -92,6 +98,14 @@ def to_request_samples(samples: Iterable[Sample]) -> list[dict[str, Any]]:
     return out
 
 
+def request_tokens(req: dict[str, Any]) -> int:
+    """Tokens a request sample counts for when cutting requests: its ids, or for chat messages the
+    characters of their text (an upper bound of the tokens for every BPE vocabulary in practice)."""
+    if "input_ids" in req:
+        return len(req["input_ids"])
+    return sum(len(str(m.get("content", ""))) + 8 for m in req["messages"])
+
+
 def _request_sample(sample: Sample, index: int) -> dict[str, Any]:
     if isinstance(sample, PreparedSample):
         return {"id": sample.sample_id, "input_ids": list(sample.input_ids), "loss_mask": list(sample.loss_mask)}
@@ -103,6 +117,7 @@ def _request_sample(sample: Sample, index: int) -> dict[str, Any]:
             raise InvalidSampleError(f"sample {index}: empty sample id")
         if "input_ids" in sample:
             req = {"id": sample_id, "input_ids": _token_ids(sample["input_ids"], index, "input_ids")}
+            req["loss_mask"] = [DEFAULT_LOSS_MASK] * len(req["input_ids"])  # explicit on the wire
             if sample.get("loss_mask") is not None:
                 req["loss_mask"] = _token_ids(sample["loss_mask"], index, "loss_mask")
                 if len(req["loss_mask"]) != len(req["input_ids"]):
@@ -139,24 +154,50 @@ def _messages(messages: Any, index: int) -> list[dict[str, Any]]:
     return [dict(m) for m in messages]
 
 
+def describe_readyz(resp: httpx.Response) -> str:
+    """One line from a ``/readyz`` answer: status, phase, progress, elapsed and expected load time."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code} {resp.text[:200]}"
+    if not isinstance(body, dict):
+        return f"HTTP {resp.status_code}"
+    text = f"{body.get('status', resp.status_code)}"
+    if body.get("phase"):
+        text += f", {body['phase']}"
+    if isinstance(body.get("progress"), int | float):
+        text += f" ({body['progress']:.0%})"
+    if isinstance(body.get("elapsed_s"), int | float):
+        text += f", loading for {body['elapsed_s']:.0f} s"
+        if isinstance(body.get("expected_s"), int | float):
+            text += f" of about {body['expected_s']:.0f} s (the last load)"
+    return text
+
+
 class ExtractionClient:
     """A client of one or more extraction servers (``urls``): info, readiness and streamed extraction."""
 
     def __init__(
         self,
-        urls: str | list[str],
+        urls: str | list[str] | None = None,
         api_key: str | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_MAX_RETRIES,
         max_retry_after_s: float = MAX_RETRY_AFTER_S,
         transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``urls``: one server or several; default ``$EAGLE3_SERVER_URL`` (comma-separated). ``api_key``:
+        default ``$EAGLE3_API_KEY``. ``http_client``: an ``httpx.Client`` of yours (proxies, TLS, event
+        hooks, or a ``fastapi.testclient.TestClient``); it is used as is and not closed by ``close()``."""
+        if urls is None:
+            urls = [u.strip() for u in os.environ.get(SERVER_URL_ENV, "").split(",") if u.strip()]
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else list(urls))]
         self._layout: dict[str, dict[str, Any]] = {}  # url -> layer ids and hidden size its /v1/info said
         if not self.urls:
-            raise ValueError("ExtractionClient needs at least one server URL")
+            raise ValueError(f"ExtractionClient needs a server URL: pass urls=... or set {SERVER_URL_ENV}")
         self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         self.max_retries = max_retries
         self.max_retry_after_s = max_retry_after_s
@@ -166,8 +207,13 @@ class ExtractionClient:
         self.stage_s = {"receive": 0.0, "verify": 0.0, "decode": 0.0}
         self._sleep = sleep
         self._url_index = 0
-        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-        self._http = httpx.Client(timeout=timeout, transport=transport, follow_redirects=False)
+        self._limits: tuple[int, int] | None = None  # the server's (max_request_tokens, max_body_bytes)
+        self._owns_http = http_client is None
+        if http_client is not None:
+            self._http = http_client
+        else:
+            timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+            self._http = httpx.Client(timeout=timeout, transport=transport, follow_redirects=False)
 
     @property
     def url(self) -> str:
@@ -175,7 +221,8 @@ class ExtractionClient:
         return self.urls[self._url_index]
 
     def close(self) -> None:
-        self._http.close()
+        if self._owns_http:
+            self._http.close()
 
     def __enter__(self) -> ExtractionClient:
         return self
@@ -205,10 +252,30 @@ class ExtractionClient:
         except httpx.HTTPError:
             return False
 
-    def wait_until_ready(self, timeout_s: float = 1800.0, poll_s: float = 2.0) -> None:
-        """Block until some server of the list answers ``/readyz`` 200 (a large verifier loads for minutes)."""
-        deadline = time.monotonic() + timeout_s
+    def loading_state(self) -> str | None:
+        """None when the current server is ready (or does not answer: the request itself will say
+        so); else one line on why not (``describe_readyz``)."""
+        try:
+            resp = self._http.get(self.url + "/readyz")
+        except httpx.HTTPError:
+            return None
+        return None if resp.status_code == 200 else describe_readyz(resp)
+
+    def wait_until_ready(
+        self,
+        timeout_s: float = 1800.0,
+        poll_s: float = 2.0,
+        *,
+        report: Callable[[str], None] | None = None,
+        report_every_s: float = 30.0,
+    ) -> None:
+        """Block until some server of the list answers ``/readyz`` 200 (a large verifier loads for minutes).
+        ``report`` gets a line (phase, elapsed, the server's expected load time) at once and then every
+        ``report_every_s``: a long wait is never silent."""
+        started = time.monotonic()
+        deadline = started + timeout_s
         last = "no answer"
+        next_report = started
         while True:
             for index, url in enumerate(self.urls):
                 try:
@@ -219,7 +286,11 @@ class ExtractionClient:
                 if resp.status_code == 200:
                     self._url_index = index
                     return
-                last = f"{url}: {resp.text[:200]}"
+                last = f"{url}: {describe_readyz(resp)}"
+            if report is not None and time.monotonic() >= next_report:
+                next_report = time.monotonic() + report_every_s
+                waited_s = time.monotonic() - started
+                report(f"waiting for a server to be ready ({waited_s:.0f} s of at most {timeout_s:.0f} s): {last}")
             if time.monotonic() >= deadline:
                 raise APITimeoutError(f"no server ready after {timeout_s:.0f} s (last: {last})", url=self.url)
             self._sleep(poll_s)
@@ -270,8 +341,34 @@ class ExtractionClient:
             raise SampleFailedError(failures)
 
     def extract_stream(self, samples: Iterable[Sample], codec: str | None = None) -> Iterator[Outcome]:
-        """Every sample exactly once, in arrival order: an ``ExtractedSample`` or a ``SampleFailure``."""
-        pending = {r["id"]: r for r in to_request_samples(samples)}
+        """Every sample exactly once, in arrival order: an ``ExtractedSample`` or a ``SampleFailure``.
+
+        The samples go in as many requests as the server's limits need (``/v1/info``
+        ``max_request_tokens`` and ``max_body_bytes``, read once), one after the other, in order; a
+        single sample over the limit is sent alone (the server's 400 then names it)."""
+        requests = to_request_samples(samples)
+        max_tokens, max_body_bytes = self._request_limits()
+        batch: list[dict[str, Any]] = []
+        n_tokens = 0
+        for req in requests:
+            size = request_tokens(req)
+            if batch and (n_tokens + size > max_tokens or JSON_BYTES_PER_TOKEN * (n_tokens + size) > max_body_bytes):
+                yield from self._extract_batch(batch, codec)
+                batch, n_tokens = [], 0
+            batch.append(req)
+            n_tokens += size
+        if batch:
+            yield from self._extract_batch(batch, codec)
+
+    def _request_limits(self) -> tuple[int, int]:
+        if self._limits is None:
+            limits = self.info().limits
+            self._limits = (limits.get("max_request_tokens", 1 << 62), limits.get("max_body_bytes", 1 << 62))
+        return self._limits
+
+    def _extract_batch(self, requests: list[dict[str, Any]], codec: str | None) -> Iterator[Outcome]:
+        """One request's samples, retried (only the samples not received) as ``max_retries`` allows."""
+        pending = {r["id"]: r for r in requests}
         retryable_failures: dict[str, SampleFailure] = {}
         retries_left = self.max_retries
         attempt = 0

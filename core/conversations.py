@@ -168,7 +168,61 @@ def iter_rows(source: str, *, split: str = "train") -> Iterator[RawRow]:
     if path.is_dir():
         yield from _iter_saved_dataset(path, split)
         return
-    yield from _iter_jsonl(path)
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        yield from _iter_parquet(path)
+    elif name.endswith((".json", ".json.gz")) and _starts_with_array(path):
+        yield from _iter_json_array(path)
+    elif name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson")):
+        yield from _iter_jsonl(path)
+    else:
+        raise SourceError(
+            f"{path}: unknown input type {''.join(path.suffixes) or '(no extension)'!r}; prepare reads .jsonl / "
+            ".jsonl.gz (one JSON object a line), .json (a JSON array of objects, or JSON lines), .parquet, a "
+            "directory saved with datasets' save_to_disk, or builtin:chatterbot"
+        )
+
+
+def _starts_with_array(path: Path) -> bool:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        head = fh.read(4096).lstrip()
+    return head.startswith(b"[")
+
+
+def _iter_json_array(path: Path) -> Iterator[RawRow]:
+    """A whole-file JSON array (``[{...}, {...}]``), rows numbered from 1 as ``row<N>``."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    for index, obj in enumerate(data, start=1):
+        location, key = f"{path}[{index - 1}]", f"row{index}"
+        if not isinstance(obj, dict):
+            yield RawRow(location, key, None, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        yield RawRow(location, key, obj)
+
+
+def _iter_parquet(path: Path) -> Iterator[RawRow]:
+    """Row groups one batch at a time (a large file is never all in memory); needs pyarrow (eagle3[data])."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise SourceError(f"{path}: reading parquet needs pyarrow (pip install 'eagle3[data]')") from None
+    try:
+        reader = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 (pyarrow raises its own error types for a bad file)
+        raise SourceError(f"{path}: not a readable parquet file ({exc})") from None
+    index = 0
+    for batch in reader.iter_batches(batch_size=1024):
+        for obj in batch.to_pylist():
+            index += 1
+            yield RawRow(f"{path}[{index - 1}]", f"row{index}", obj)
 
 
 def _iter_jsonl(path: Path) -> Iterator[RawRow]:

@@ -19,5 +19,9 @@ class FeaturesWriteError(Eagle3Error):
     """A features directory cannot be written; the shards already in its manifest are intact."""
 
 
+class FeaturesLockedError(FeaturesWriteError):
+    """Another writer (an ``eagle3 extract`` into the same ``--out``) holds the features directory."""
+
+
 class InsufficientDiskError(FeaturesWriteError):
     """Not enough free disk for the features still to be written."""

@@ -24,9 +24,11 @@ from typing import Any
 
 import numpy as np
 import xxhash
+from filelock import FileLock, Timeout
 
 from eagle3.core.codec import safetensors_parts
-from eagle3.core.errors import FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from eagle3.core.errors import FeaturesLockedError, FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol.features import (
     FEATURES_META_FILE,
     MANIFEST_FILE,
@@ -64,6 +66,9 @@ def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard
     return needed
 
 
+LOCK_FILE = ".lock"  # held by the writer while the directory is open (FeaturesWriter.open)
+
+
 class FeaturesWriter:
     """``open`` a directory (new or partly filled), ``add`` samples, ``close``; ``done_ids`` to resume."""
 
@@ -87,6 +92,7 @@ class FeaturesWriter:
         # (at most one shard in flight; manifest lines stay in shard order); ``flush``/``close`` wait for it
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3-shard") if background else None
         self._in_flight: Future[ShardRecord] | None = None
+        self._lock: FileLock | None = None
         self._reset_buffer()
 
     @classmethod
@@ -99,10 +105,36 @@ class FeaturesWriter:
         verify: bool = False,
         background: bool = False,
     ) -> FeaturesWriter:
-        """Create the directory or resume it: check features.json, repair the manifest tail, drop orphans."""
+        """Create the directory or resume it: check features.json, repair the manifest tail, drop orphans.
+
+        The directory is locked first (``LOCK_FILE``, ``filelock``: an OS lock, gone when the process
+        dies): a second writer would take the first one's in-flight shard for an orphan and delete
+        it, so it is refused with ``FeaturesLockedError`` instead. ``close()``/``release()`` unlock."""
         writer = cls(features_dir, meta, shard_mb=shard_mb, background=background)
-        writer._prepare(verify)
+        try:
+            writer.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _write_error(exc, writer.dir, "creating the features directory") from None
+        writer._lock = FileLock(writer.dir / LOCK_FILE)
+        try:
+            writer._lock.acquire(timeout=0)
+        except Timeout:
+            raise FeaturesLockedError(
+                f"{writer.dir} is being written by another process (eagle3 extract into the same --out); "
+                "wait for it to finish, or give this run another --out"
+            ) from None
+        try:
+            writer._prepare(verify)
+        except BaseException:
+            writer.release()
+            raise
         return writer
+
+    def release(self) -> None:
+        """Unlock the directory (idempotent)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # -- resume -----------------------------------------------------------------------------------
 
@@ -120,6 +152,7 @@ class FeaturesWriter:
             raise _write_error(exc, self.dir, "preparing the features directory") from None
         self.records = list(iter_manifest(self.dir))
         recorded = set()
+        bar = ProgressBar("verify", len(self.records), unit="shard", enabled=None if verify else False)
         for record in self.records:
             path = shards / record.shard
             if not path.is_file() or path.stat().st_size != record.bytes:
@@ -130,11 +163,13 @@ class FeaturesWriter:
                 )
             if verify and not shard_checksum_ok(path, record):
                 raise FeaturesFormatError(f"{path}: checksum differs from {MANIFEST_FILE} (corrupt shard)")
+            bar.update(1)
             duplicate = self.done_ids.intersection(record.sample_ids)
             if duplicate:
                 raise FeaturesFormatError(f"{MANIFEST_FILE}: sample {sorted(duplicate)[0]!r} recorded twice")
             self.done_ids.update(record.sample_ids)
             recorded.add(record.shard)
+        bar.close()
         for path in shards.iterdir():
             if path.name not in recorded:
                 logger.info("removing orphan %s (not in %s)", path, MANIFEST_FILE)
@@ -252,7 +287,7 @@ class FeaturesWriter:
             "schema_version": str(self.meta.schema_version),
             "sample_ids": json.dumps(ids),
             "layer_ids": json.dumps(list(self.meta.aux_layer_ids)),
-            "final_norm_applied": "false",
+            "final_norm_applied": str(self.meta.final_norm_applied).lower(),
         }
         name = f"shard-{len(self.records):06d}-{uuid.uuid4().hex[:12]}.safetensors"
         size, digest = self._write_shard(name, safetensors_parts(specs, metadata))
@@ -304,8 +339,11 @@ class FeaturesWriter:
             raise _write_error(exc, self.dir, f"recording shard {record.shard}", len(self.records)) from None
 
     def close(self) -> None:
-        self.flush()
-        self.shutdown()
+        try:
+            self.flush()
+            self.shutdown()
+        finally:
+            self.release()
 
     def shutdown(self) -> None:
         """Stop the background writer thread (after the shard it is writing; its errors are not raised)."""

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+# Hashed first, in this order (the hash of a directory holding only these is what it always was).
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -29,10 +30,46 @@ def model_config(model_dir: Path) -> dict[str, Any]:
     return dict(config.get("text_config") or config)
 
 
+# Also read by AutoTokenizer whatever the class: added tokens and the other chat-template forms.
+_TOKENIZER_EXTRA_FILES = ("added_tokens.json", "chat_template.json")
+
+
+def tokenizer_files(model_dir: Path) -> list[str]:
+    """What ``AutoTokenizer.from_pretrained(model_dir)`` reads: the common files above, the vocabulary
+    files the configured tokenizer class declares (``vocab_files_names``: ``spiece.model``,
+    ``qwen.tiktoken``, ...), ``added_tokens.json``, ``chat_template.json`` and
+    ``additional_chat_templates/*``; only those present, common ones first, the rest sorted."""
+    names = list(_TOKENIZER_FILES)
+    extra = set(_TOKENIZER_EXTRA_FILES) | set(_declared_vocab_files(model_dir))
+    names += sorted(extra - set(names))
+    templates = model_dir / "additional_chat_templates"
+    if templates.is_dir():
+        names += sorted(f"additional_chat_templates/{p.name}" for p in templates.iterdir() if p.is_file())
+    return [name for name in names if (model_dir / name).is_file()]
+
+
+def _declared_vocab_files(model_dir: Path) -> list[str]:
+    """``vocab_files_names`` of the class named by ``tokenizer_config.json`` (transformers imported only
+    here); nothing when there is no such class or transformers does not know it."""
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    if not isinstance(name, str):
+        return []
+    try:
+        from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+        cls = tokenizer_class_from_name(name)
+    except Exception:  # noqa: BLE001 (an unknown or remote-code class: the common files still count)
+        return []
+    return [str(v) for v in dict(getattr(cls, "vocab_files_names", {}) or {}).values() if isinstance(v, str)]
+
+
 def tokenizer_sha256(model_dir: Path) -> str:
+    """sha256 over ``tokenizer_files(model_dir)``: name, NUL, bytes of each."""
     digest = hashlib.sha256()
-    for name in _TOKENIZER_FILES:
-        path = model_dir / name
-        if path.is_file():
-            digest.update(name.encode() + b"\0" + path.read_bytes())
+    for name in tokenizer_files(model_dir):
+        digest.update(name.encode() + b"\0" + (model_dir / name).read_bytes())
     return digest.hexdigest()

@@ -17,7 +17,6 @@ converting, so resolving an already-converted model is cheap and torch-free.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -28,6 +27,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from filelock import FileLock
 
 logger = logging.getLogger(__name__)
 
@@ -123,12 +124,9 @@ def ensure_embedded_model() -> Path:
 
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    """An exclusive OS lock on ``path`` (``filelock``: flock on POSIX, msvcrt on Windows)."""
+    with FileLock(path):
+        yield
 
 
 def _sha256(path: Path) -> str:

@@ -51,6 +51,20 @@ class ExtractedSample:
         """float32 [n, H]: the last decoder layer's output before the final norm."""
         return bf16_to_float32(np.asarray(self.hidden_states_bf16[:, -1]))
 
+    def as_torch(self) -> Any:
+        """``torch.bfloat16 [n, L, H]`` sharing memory with ``hidden_states_bf16`` (no copy, no widening;
+        read-only when the array is, e.g. a ``FeaturesReader`` memory map: do not write to it)."""
+        import warnings
+
+        import torch
+
+        bits = np.asarray(self.hidden_states_bf16)
+        if not bits.flags.c_contiguous:
+            bits = np.ascontiguousarray(bits)
+        with warnings.catch_warnings():  # torch warns on non-writable arrays; the view is for reading
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+
     def layer(self, layer_id: int) -> NDArray:
         """float32 [n, H] of one stored layer, by its id (an aux id or ``final_layer_id``)."""
         if layer_id not in self.layer_ids:

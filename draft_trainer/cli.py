@@ -75,6 +75,19 @@ def add_trainer_commands(sub: Any) -> None:
     p.set_defaults(func=run_export)
 
     p = sub.add_parser(
+        "convert",
+        help="convert features to or from SpecForge's offline hidden states",
+        description="eagle3 features -> SpecForge (--to specforge; the final state gets the verifier's norm, so "
+        "--model is needed) or SpecForge -> eagle3 features (--to eagle3; post-norm, final_norm_applied: true). "
+        "See docs/training.md, 'Other trainers' formats'.",
+    )
+    p.add_argument("source", type=Path, help="features directory, or SpecForge hidden-states directory")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--to", required=True, choices=("specforge", "eagle3"), help="target format")
+    p.add_argument("--model", default=None, help="the verifier (its final norm), for pre-norm features -> specforge")
+    p.set_defaults(func=run_convert)
+
+    p = sub.add_parser(
         "eval",
         help="measure acceptance (tau) and speedup of an exported draft",
         description="Speculative decoding with the verifier on prompts not used in training: tau, speedup, and "
@@ -128,6 +141,19 @@ def run_export(args: argparse.Namespace) -> int:
     out = export_draft(args.run, args.out, format=args.format)
     check_export(out)
     print(f"exported {args.run} -> {out} ({args.format} format; shapes match vLLM's Eagle3 loader)")
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from eagle3.core.models import resolve_model_dir
+    from eagle3.draft_trainer.interop import from_specforge, to_specforge
+
+    if args.to == "specforge":
+        model = resolve_model_dir(args.model) if args.model else None
+        n = to_specforge(args.source, args.out, model)
+    else:
+        n = from_specforge(args.source, args.out)
+    print(f"converted {n} samples {args.source} -> {args.out} ({args.to})")
     return 0
 
 

@@ -47,6 +47,11 @@ class FeaturesData:
         self.meta = self.reader.meta
         if len(self.meta.aux_layer_ids) != 3:
             raise DataError(f"{features_dir}: EAGLE-3 needs 3 aux layers, found {list(self.meta.aux_layer_ids)}")
+        if self.meta.final_norm_applied:
+            raise DataError(
+                f"{features_dir}: the final state is post-norm (converted from SpecForge); eagle3 train needs the "
+                "pre-norm state its teacher normalises itself: extract with eagle3 serve, or train with SpecForge"
+            )
         self.n_tokens = np.array([n for r in self.reader.records for n in r.n_tokens], dtype=np.int64)  # [N]
         ids = self.reader.sample_ids
         held = [i for i, s in enumerate(ids) if is_heldout(s, heldout_fraction)]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol.prepared import iter_prepared
 from eagle3.draft_trainer.data import FeaturesData, is_heldout
 from eagle3.draft_trainer.errors import CheckpointError, DataError
@@ -187,7 +188,9 @@ def evaluate(
     accepted: list[int] = []
     identical, n_tokens = True, 0
     greedy_generate(verifier, prompts[0], 2, eos_id)  # warm-up
+    bar = ProgressBar("eval", len(prompts), unit="prompt")
     for prompt in prompts:
+        bar.update(1)
         base = greedy_generate(verifier, prompt, max_new_tokens, eos_id)
         spec = speculative_generate(verifier, draft, taps, prompt, k, max_new_tokens, eos_id)
         identical &= spec.tokens == base.tokens
@@ -195,6 +198,8 @@ def evaluate(
         spec_s += spec.seconds
         accepted += spec.accepted
         n_tokens += len(spec.tokens)
+    taps.remove()
+    bar.close()
     result = EvalResult(
         k=k, n_prompts=len(prompts), tau=sum(a + 1 for a in accepted) / max(1, len(accepted)),
         speedup=base_s / spec_s if spec_s else 0.0, rounds=len(accepted), generated_tokens=n_tokens,

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from eagle3.core.models import resolve_model_dir
+from eagle3.core.progress import ProgressBar
 from eagle3.draft_trainer.checkpoint import (
     DRAFT_DIR,
     load_checkpoint,
@@ -274,12 +274,12 @@ def _log(path: Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record) + "\n")
 
 
-def _progress(step: int, total: int, record: dict[str, Any], started: float, tokens: int) -> None:
-    elapsed = time.monotonic() - started
-    done = int(30 * step / total)
-    line = (f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{total} {step / elapsed:.2f} steps/s "
-            f"{tokens / elapsed:,.0f} tok/s loss {record['loss']:.3f} accept {record['sim_accept']:.2f}")  # fmt: skip
-    print(line, end="" if step < total else "\n", file=sys.stderr, flush=True)  # noqa: T201
+def _progress(bar: ProgressBar, record: dict[str, Any], started: float, tokens: int) -> None:
+    elapsed_s = max(time.monotonic() - started, 1e-6)
+    bar.set_postfix(
+        loss=f"{record['loss']:.3f}", accept=f"{record['sim_accept']:.2f}", tok_s=f"{tokens / elapsed_s:,.0f}"
+    )
+    bar.update(1)
 
 
 def train(cfg: TrainConfig) -> RunResult:
@@ -296,6 +296,7 @@ def train(cfg: TrainConfig) -> RunResult:
     stop = _Stop()
     previous = signal.signal(signal.SIGTERM, stop) if _is_main_thread() else None
     started, tokens_seen = time.monotonic(), 0
+    bar = ProgressBar("train", trainer.total_steps, unit="step", initial=trainer.step, enabled=main and cfg.progress)
     try:
         while trainer.step < trainer.total_steps and not stop.requested:
             record = trainer.train_step()
@@ -306,10 +307,11 @@ def train(cfg: TrainConfig) -> RunResult:
             if main and (trainer.step % cfg.log_every_steps == 0 or evaluate_now):
                 _log(metrics, dict(record, epoch=(trainer.step - 1) // trainer.steps_per_epoch, time=time.time()))
             if main and cfg.progress:
-                _progress(trainer.step, trainer.total_steps, record, started, tokens_seen)
+                _progress(bar, record, started, tokens_seen)
             if main and trainer.step % cfg.checkpoint_every_steps == 0:
                 save_checkpoint(run_dir, trainer.state())
     finally:
+        bar.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if main:
@@ -340,8 +342,6 @@ def _is_main_thread() -> bool:
 
 
 def _plot(run_dir: Path) -> None:
-    try:
-        from eagle3.draft_trainer.plot import plot_metrics
-    except ImportError:  # matplotlib missing: the JSONL log is the record
-        return
+    from eagle3.draft_trainer.plot import plot_metrics  # Pillow: declared by eagle3[train]
+
     plot_metrics(run_dir / METRICS_FILE, run_dir / "training.png")

@@ -11,17 +11,16 @@ import asyncio
 import dataclasses
 import functools
 import hmac
-import html
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,6 +29,8 @@ from eagle3.core.protocol.frames import CODEC_NAMES
 from eagle3.server.backends import Backend
 from eagle3.server.config import ServerSettings
 from eagle3.server.errors import ApiError
+from eagle3.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from eagle3.server.openapi import EXTRACT_OPENAPI, install_openapi, package_version
 from eagle3.server.request_limits import (
     ClientGoneError,
     TenantConnections,
@@ -37,8 +38,10 @@ from eagle3.server.request_limits import (
     install_access_log_redaction,
     read_body,
 )
+from eagle3.server.request_log import log_api_call
 from eagle3.server.runtime import Runtime
 from eagle3.server.scheduler import AdmissionError
+from eagle3.server.status_page import render_status_page, status_data
 from eagle3.server.stream import EncodeOptions, ExtractStream, FrameStreamResponse, stream_header
 from eagle3.server.validation import check_samples, parse_request
 
@@ -60,15 +63,23 @@ class RequestIdMiddleware:
         sent = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         request_id = sent if REQUEST_ID_RE.match(sent) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        started, status = time.monotonic(), 500
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = int(message["status"])
                 headers = MutableHeaders(scope=message)
                 if "x-request-id" not in headers:
                     headers.append("X-Request-Id", request_id)
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            path = scope.get("path", "")
+            if not (path == "/v1/extract" and status == 200):  # a stream logs itself when it ends
+                log_api_call(scope.get("method", ""), path, status, time.monotonic() - started, request_id)
 
 
 def runtime_of(request: Request) -> Runtime:
@@ -78,6 +89,21 @@ def runtime_of(request: Request) -> Runtime:
 
 def authenticate(request: Request) -> str:
     """The caller's tenant name; 401 unless a configured key matches (constant-time, every key tried)."""
+    tenant = _authenticate(request)
+    request.state.tenant = tenant
+    return tenant
+
+
+def authenticate_unless(public: str) -> Callable[[Request], str | None]:
+    """``authenticate``, skipped when the setting named ``public`` (public_metrics, public_status) is on."""
+
+    def check(request: Request) -> str | None:
+        return None if getattr(runtime_of(request).settings, public) else authenticate(request)
+
+    return check
+
+
+def _authenticate(request: Request) -> str:
     keys = runtime_of(request).settings.api_keys
     if not keys:
         tenant = request.headers.get("x-eagle3-tenant", "default")
@@ -118,18 +144,30 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
         finally:
             await asyncio.to_thread(rt.stop)
 
-    app = FastAPI(title="eagle3 extraction server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="eagle3 extraction server",
+        version=package_version(),
+        description="Hidden states of a resident verifier for EAGLE-3 draft training. The /v1/extract response "
+        "is a binary frame stream (application/x-eagle3-frames), documented in docs/protocol.md.",
+        lifespan=lifespan,
+        redoc_url=None,
+    )
     connections = TenantConnections(settings.max_tenant_connections)
     install_access_log_redaction()
     app.add_middleware(RequestIdMiddleware)
+    install_openapi(app)
     auth = [Depends(authenticate)]
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         # admission refusals (tenant_quota, overloaded) were counted by Scheduler.submit already
         counted = exc.reason in ("tenant_quota", "overloaded")
+        tenant = getattr(request.state, "tenant", "-")
+        metrics = runtime_of(request).metrics
         if exc.type in ("payload_too_large", "rate_limited", "unavailable") and not counted:
-            runtime_of(request).metrics.inc("eagle3_rejections_total", reason=exc.reason or exc.type)
+            metrics.inc("eagle3_rejections_total", tenant=tenant, reason=exc.reason or exc.type)
+        if exc.status != 401:  # bad keys are not a tenant's error (and would flood the page)
+            metrics.note_error(exc.reason or exc.type, tenant, request.state.request_id, str(exc))
         return exc.response(request.state.request_id)
 
     @app.exception_handler(StarletteHTTPException)
@@ -159,6 +197,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
             "phase": rt.phase,
             "progress": rt.progress,
             "elapsed_s": round(time.monotonic() - rt.started_at, 3),
+            **rt.load_estimate(),
         }
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
@@ -169,29 +208,20 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
             raise unavailable(rt) or ApiError(503, "model is loading", reason="loading", retry_after_s=5)
         return JSONResponse(rt.describe().to_dict())
 
-    @app.get("/metrics", dependencies=auth)
+    @app.get("/metrics", dependencies=[Depends(authenticate_unless("public_metrics"))], include_in_schema=False)
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(runtime_of(request).metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(runtime_of(request).metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
-    @app.get("/", dependencies=auth)
+    @app.get("/v1/status", dependencies=[Depends(authenticate_unless("public_status"))])
+    async def status_json(request: Request) -> JSONResponse:
+        """The status page's figures: model, load phase, uptime, per-tenant work, throughput, recent errors."""
+        return JSONResponse(status_data(runtime_of(request)))
+
+    @app.get("/", dependencies=[Depends(authenticate_unless("public_status"))], include_in_schema=False)
     async def status_page(request: Request) -> HTMLResponse:
-        rt = runtime_of(request)
-        rows = {
-            "status": rt.status,
-            "phase": rt.phase,
-            "model": rt.info.model_id if rt.info else "-",
-            "backend": f"{rt.info.backend} on {rt.info.device}" if rt.info else "-",
-            "open streams": rt.scheduler.n_requests,
-            "in-flight tokens": rt.scheduler.inflight_tokens,
-            "tokens extracted": int(rt.metrics.get("eagle3_tokens_extracted_total")),
-        }
-        cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows.items())
-        return HTMLResponse(
-            f"<!doctype html><title>eagle3 serve</title><h1>eagle3 serve</h1><table>{cells}</table>"
-            '<p><a href="/metrics">metrics</a> · <a href="/v1/info">info</a></p>'
-        )
+        return HTMLResponse(render_status_page(status_data(runtime_of(request))))
 
-    @app.post("/v1/extract")
+    @app.post("/v1/extract", openapi_extra=EXTRACT_OPENAPI)
     async def extract(request: Request, tenant: str = Depends(authenticate)) -> Response:
         rt = runtime_of(request)
         if (err := unavailable(rt)) is not None:
@@ -223,7 +253,7 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
             chat_limits=rt.chat_limits,
         )
         if not rt.tokenize_slots.acquire(blocking=False):  # bounded: a flood waits in no unbounded queue
-            rt.metrics.inc("eagle3_rejections_total", reason="overloaded")
+            rt.metrics.inc("eagle3_rejections_total", tenant=tenant, reason="overloaded")
             raise ApiError(
                 503, "too many requests being validated; retry shortly", reason="overloaded", retry_after_s=1
             )

@@ -3,6 +3,7 @@ variables and the ``--config`` file are generated from it (``eagle3.core.knobs``
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,12 @@ class ServerSettings:
     max_tenant_connections: int = knob(64, "open extract requests per tenant, streams included (else 429)")
     heartbeat_s: float = knob(10.0, "seconds between HEARTBEAT frames of an idle stream")
     log_level: str = knob("info", "server log level", choices=("debug", "info", "warning", "error"))
+    log_format: str = knob("text", "log lines as text, or one JSON object per line (k8s)", choices=("text", "json"))
+    # who may see what without a key
+    allow_anonymous: bool = knob(False, "serve without API keys on a non-loopback --host (anyone who reaches "
+                                 "the port can extract)")  # fmt: skip
+    public_metrics: bool = knob(False, "serve /metrics without an API key (a Prometheus scraper is not a tenant)")
+    public_status: bool = knob(False, "serve the status page (/ and /v1/status) without an API key")
     # $EAGLE3_API_KEYS: the keys file's text itself (keeps keys out of ps and off disk); not a flag
     api_keys_text: str | None = field(default=None, repr=False)
     # derived: key -> tenant, from api_key, api_keys_file and api_keys_text (or given directly)
@@ -134,6 +141,12 @@ class ServerSettings:
             raise SettingsError(f"--link-mb-s must be positive, got {self.link_mb_s}")
         if self.dtype not in ("bfloat16", "float32"):
             raise SettingsError(f"--dtype must be bfloat16 or float32, got {self.dtype!r}")
+        if not self.api_keys and not self.allow_anonymous and not is_loopback(self.host):
+            raise SettingsError(
+                f"--host {self.host} is reachable from other machines and no API key is set: anyone could use "
+                "the server. Give keys (--api-keys-file FILE or EAGLE3_API_KEY), or pass --allow-anonymous "
+                "if the network itself is private."
+            )
 
     @property
     def vllm_options(self) -> VllmOptions:
@@ -171,6 +184,16 @@ class ServerSettings:
         """The most tokens one request may carry: it must also fit the in-flight quotas, else it could
         never be admitted (a 400, not an endless 429)."""
         return min(self.max_request_tokens, self.max_tenant_inflight_tokens, self.max_inflight_tokens)
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
 
 
 def default_tensor_parallel_size() -> int:

@@ -32,6 +32,7 @@ from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_bac
 from eagle3.server.chat_limits import ChatLimits, chat_limits
 from eagle3.server.codec_choice import choose_codec, measure_encode_mb_s
 from eagle3.server.config import ServerSettings
+from eagle3.server.load_history import expected_load_s, load_key, record_load_s
 from eagle3.server.metrics import Metrics
 from eagle3.server.scheduler import Scheduler, request_buffer_tokens
 from eagle3.server.warmup import warm_up
@@ -95,6 +96,9 @@ class Runtime:
         self.progress = 0.0
         self.error: str | None = None
         self.started_at = time.monotonic()
+        self._load_key = load_key(settings.model, settings.backend, settings.tensor_parallel_size or 1, settings.dtype)
+        self._records_load = backend is None  # an injected backend (tests) is no evidence of a real load time
+        self.expected_load_s = expected_load_s(self._load_key) if self._records_load else None
         self._thread: threading.Thread | None = None
 
     def _extract(self, batch: Any) -> Any:
@@ -146,6 +150,8 @@ class Runtime:
             timings = warm_up(self)
             logger.info("warm-up: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
             self.metrics.load_time_s = time.monotonic() - self.started_at
+            if self._records_load:
+                record_load_s(self._load_key, self.metrics.load_time_s)
             if self.status == "loading":
                 self.status = "ready"
             self._progress("ready", 1.0)
@@ -180,6 +186,14 @@ class Runtime:
             self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    def load_estimate(self) -> dict[str, float]:
+        """``expected_s`` (the last load of the same model, backend, TP and dtype) and ``eta_s`` while
+        loading, when a previous load was recorded; else nothing."""
+        if self.status != "loading" or self.expected_load_s is None:
+            return {}
+        elapsed_s = time.monotonic() - self.started_at
+        return {"expected_s": self.expected_load_s, "eta_s": round(max(0.0, self.expected_load_s - elapsed_s), 1)}
 
     def codec_for(self, name: str, peer: str | None) -> Codec:
         """The codec of one request (``name``: the request's or the server's default; ``auto`` decides)."""

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ class Request:
     closed: bool = False
     abort_error: dict[str, Any] | None = None  # set by abort_all: the stream ends with ERROR
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    admitted_at: float = field(default_factory=time.monotonic)  # for the latency histograms
+    first_scheduled: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -155,7 +158,7 @@ class Scheduler:
         with self._cond:
             tenant_now = self.tenant_inflight.get(tenant, 0)
             if tenant_now + n_tokens > self.max_tenant_inflight_tokens:
-                self.metrics.inc("eagle3_rejections_total", reason="tenant_quota")
+                self.metrics.inc("eagle3_rejections_total", tenant=tenant, reason="tenant_quota")
                 raise AdmissionError(
                     429,
                     "rate_limited",
@@ -165,7 +168,7 @@ class Scheduler:
                     self._retry_after_s(tenant_now + n_tokens - self.max_tenant_inflight_tokens),
                 )
             if self.inflight_tokens + n_tokens > self.max_inflight_tokens:
-                self.metrics.inc("eagle3_rejections_total", reason="overloaded")
+                self.metrics.inc("eagle3_rejections_total", tenant=tenant, reason="overloaded")
                 raise AdmissionError(
                     503,
                     "unavailable",
@@ -182,7 +185,7 @@ class Scheduler:
             self._requests.append(req)
             self.inflight_tokens += n_tokens
             self.tenant_inflight[tenant] = tenant_now + n_tokens
-            self.metrics.inc("eagle3_requests_total")
+            self.metrics.inc("eagle3_requests_total", tenant=tenant)
             self._cond.notify_all()
         return req
 
@@ -217,10 +220,11 @@ class Scheduler:
                 return
             req.closed = True
             if req.released_tokens < req.n_tokens and req.abort_error is None:
-                self.metrics.inc("eagle3_cancellations_total")
+                self.metrics.inc("eagle3_cancellations_total", tenant=req.tenant)
             req.pending.clear()
             self._requests.remove(req)
             self._cond.notify_all()
+        self.metrics.observe("eagle3_request_duration_seconds", time.monotonic() - req.admitted_at)
         self.release(req, req.n_tokens)
 
     def abort_all(self, error: dict[str, Any]) -> None:
@@ -307,6 +311,9 @@ class Scheduler:
                 skipped.add(tenant)
                 continue
             req.pending.popleft()
+            if not req.first_scheduled:
+                req.first_scheduled = True
+                self.metrics.observe("eagle3_queue_wait_seconds", time.monotonic() - req.admitted_at)
             req.outstanding_tokens += sample.n_tokens
             self._served[tenant] = self._served.get(tenant, 0) + sample.n_tokens
             n_tokens += sample.n_tokens
@@ -325,8 +332,6 @@ class Scheduler:
             self._run_batch(batch)
 
     def _run_batch(self, batch: list[tuple[Request, Sample]]) -> None:
-        import time
-
         started = time.monotonic()
         outputs = self._extract_isolating([s for _, s in batch])
         n_tokens = sum(s.n_tokens for _, s in batch)
@@ -339,7 +344,7 @@ class Scheduler:
         with self._cond:
             for (req, sample), (states, error) in zip(batch, outputs, strict=True):
                 if error is None:
-                    self.metrics.inc("eagle3_tokens_extracted_total", sample.n_tokens)
+                    self.metrics.inc("eagle3_tokens_extracted_total", sample.n_tokens, tenant=req.tenant)
                 if req.closed or req.abort_error is not None:
                     req.outstanding_tokens -= sample.n_tokens
                     continue

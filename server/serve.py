@@ -22,6 +22,7 @@ import uvicorn
 
 from eagle3.server.app import create_app
 from eagle3.server.config import ServerSettings
+from eagle3.server.request_log import configure_logging
 
 logger = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 30.0  # after the drain: the most the rest of shutdown may take
@@ -82,7 +83,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(settings: ServerSettings) -> None:
-    logging.getLogger().setLevel(settings.log_level.upper())
+    configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -92,5 +93,6 @@ def serve(settings: ServerSettings) -> None:
         timeout_graceful_shutdown=GRACEFUL_CLOSE_S,
         lifespan="on",
         log_config=None,
+        access_log=False,  # eagle3.server.request_log writes one line per call, probes excluded
     )
     DrainingServer(config, app).run()

@@ -36,6 +36,7 @@ from eagle3.core.protocol.frames import (
 from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, ErrorInfo, SampleErrorMeta, StreamHeader
 from eagle3.server.backends import BackendInfo
 from eagle3.server.metrics import Metrics
+from eagle3.server.request_log import log_finished_request
 from eagle3.server.scheduler import Request, Result, Scheduler
 
 logger = logging.getLogger(__name__)
@@ -175,6 +176,8 @@ class ExtractStream:
         self.sent_seq = 0  # next seq to reach the wire (terminal frames use it)
         self.counts = {"n_samples": 0, "n_failed": 0, "n_tokens": 0, "payload_bytes": 0, "raw_bytes": 0}
         self.completed: list[str] = []
+        self.outcome = "cancelled"  # ok | partial (some SAMPLE_ERROR) | aborted | error | cancelled (client left)
+        self._finished = False
 
     def _frame(self, ftype: FrameType, meta: dict[str, Any]) -> bytes:
         data = encode_frame(Frame(ftype, self.seq, meta))
@@ -188,6 +191,9 @@ class ExtractStream:
 
     def close(self) -> None:
         self.sched.close(self.req)
+        if not self._finished:  # called twice (stream finally, response finally): one log line
+            self._finished = True
+            log_finished_request(self.req, self.counts, self.outcome)
 
     async def body(self) -> AsyncIterator[Chunk]:
         loop = asyncio.get_running_loop()
@@ -207,6 +213,7 @@ class ExtractStream:
                         yield piece
                     self.sent_seq += out_frames
                     abort = AbortMeta(ErrorInfo.from_dict(req.abort_error), tuple(self.completed))
+                    self.outcome = "aborted"
                     yield self._terminal(FrameType.ERROR, abort.to_dict())
                     return
                 for result in results:
@@ -240,6 +247,7 @@ class ExtractStream:
                         self.sched.release(req, done.sample.n_tokens)
                     unreleased = []
             out.append(self._frame(FrameType.END, EndMeta(n_frames=self.seq + 1, **self.counts).to_dict()))
+            self.outcome = "partial" if self.counts["n_failed"] else "ok"
             for piece in self._pieces(out):
                 yield piece
         except Exception as exc:
@@ -247,6 +255,8 @@ class ExtractStream:
             for piece in self._pieces(out):  # the samples counted as completed reach the client first
                 yield piece
             self.sent_seq += out_frames
+            self.outcome = "error"
+            self.metrics.note_error("internal", req.tenant, req.request_id, f"stream failed: {exc}")
             error = ErrorInfo.from_dict(error_meta("internal", f"server error while streaming: {exc}"[:500]))
             yield self._terminal(FrameType.ERROR, AbortMeta(error, tuple(self.completed)).to_dict())
         finally:
@@ -259,16 +269,21 @@ class ExtractStream:
             self.counts["n_samples"] += 1
             self.counts["n_tokens"] += result.sample.n_tokens
             self.completed.append(result.sample.sample_id)
-            self.metrics.inc("eagle3_samples_total", outcome="ok")
+            self.metrics.inc("eagle3_samples_total", tenant=self.req.tenant, outcome="ok")
         else:
             self.counts["n_failed"] += 1
-            self.metrics.inc("eagle3_samples_total", outcome="failed")
+            self.metrics.inc("eagle3_samples_total", tenant=self.req.tenant, outcome="failed")
+            error = result.error or {}
+            self.metrics.note_error(str(error.get("type", "sample_error")), self.req.tenant, self.req.request_id,
+                                    f"sample {result.sample.sample_id!r}: {error.get('message', '')}")  # fmt: skip
         self.counts["payload_bytes"] += encoded.wire_bytes
         self.counts["raw_bytes"] += encoded.raw_bytes
-        self.metrics.inc("eagle3_stream_bytes_total", encoded.wire_bytes, kind="wire")
-        self.metrics.inc("eagle3_stream_bytes_total", encoded.raw_bytes, kind="raw")
+        self.metrics.inc("eagle3_stream_bytes_total", encoded.wire_bytes, tenant=self.req.tenant, kind="wire")
+        self.metrics.inc("eagle3_stream_bytes_total", encoded.raw_bytes, tenant=self.req.tenant, kind="raw")
         self.metrics.inc("eagle3_stage_seconds_total", encoded.copy_s, stage="copy")
         self.metrics.inc("eagle3_stage_seconds_total", encoded.encode_s, stage="encode")
+        if self.counts["n_samples"] + self.counts["n_failed"] == 1:
+            self.metrics.observe("eagle3_time_to_first_sample_seconds", time.monotonic() - self.req.admitted_at)
 
     def _pieces(self, parts: list[Chunk]) -> list[Chunk]:
         """HTTP writes of about ``chunk_bytes``: runs of small parts joined, big parts sliced (not copied)."""

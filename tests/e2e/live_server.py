@@ -109,13 +109,19 @@ class LiveServer:
         raise RuntimeError("no VmRSS line")
 
     def metrics(self) -> dict[str, float]:
-        """Prometheus samples as ``{'name{labels}': value}``."""
+        """Prometheus samples, parsed by prometheus_client, summed by ``name``, by ``name{label="v"}`` for
+        each single label, and by ``name{all labels, sorted}``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         text = httpx.get(f"{self.url}/metrics", headers=self.headers(), timeout=10.0).text
         out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = sorted(sample.labels.items())
+                keys = {sample.name, *(f'{sample.name}{{{k}="{v}"}}' for k, v in labels)}
+                keys.add(sample.name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else ""))
+                for key in keys:
+                    out[key] = out.get(key, 0.0) + sample.value
         return out
 
     def stop(self, timeout_s: float = 60.0) -> int:

@@ -152,7 +152,10 @@ def test_command_parses_with_the_real_cli(command):
     args = parse(command)
     if args.command == "serve":
         assert "--backend" in command.argv, "serve commands name their backend (auto differs per host)"
-        args.api_key, args.api_keys_file = [], None  # the keys file exists only inside the container
+        # the keys file exists only inside the container: a command that names one gets a stand-in key (a
+        # public --host without any key is refused, and must stay refused here)
+        gives_keys = "--api-keys-file" in command.argv or "--api-key" in command.argv
+        args.api_key, args.api_keys_file = (["stand-in-key"] if gives_keys else []), None
         settings = settings_from_args(args)
         assert settings.tensor_parallel_size is not None and settings.tensor_parallel_size >= 1
     if args.command == "train":
@@ -199,3 +202,18 @@ def test_docs_reference_existing_files_and_names():
     jobs = {doc["metadata"]["name"] for p in K8S for doc in yaml.safe_load_all(p.read_text()) if doc["kind"] == "Job"}
     for job in re.findall(r"job/([\w-]+)", text):
         assert job in jobs, f"docs/deploy.md waits for job/{job}, not defined in deploy/k8s"
+
+
+def test_the_documented_vllm_serve_command_uses_the_evals_speculative_config():
+    """docs/deploy.md's `vllm serve ... --speculative-config` is what `eagle3 eval --engine vllm` measures."""
+    from eagle3.draft_trainer.evaluate_vllm import _engine_request
+
+    lines = [line for _, line in shell_lines(DOCS.read_text()) if line.startswith("vllm serve ")]
+    assert len(lines) == 1, lines
+    words = shlex.split(lines[0])
+    documented = json.loads(words[words.index("--speculative-config") + 1])
+    export_dir = documented["model"]
+    built = _engine_request(Path("/models/verifier"), Path(export_dir), documented["num_speculative_tokens"],
+                            "bfloat16", 4096, None, True)["speculative_config"]  # fmt: skip
+    assert documented == built
+    assert f"eagle3 export runs/draft --out {export_dir}" in DOCS.read_text()

@@ -166,6 +166,7 @@ def test_full_disk_is_a_clear_error_and_the_manifest_stays_valid(tmp_path, monke
     assert len(shard_files(tmp_path)) == 1  # the .tmp is gone
     reader = FeaturesReader(tmp_path, verify=True)
     assert reader.sample_ids == ["s0"]
+    writer.release()  # the failed run ends (its process exits): the directory lock goes with it
     resumed = FeaturesWriter.open(tmp_path, META)
     assert resumed.done_ids == {"s0"}
 
@@ -206,6 +207,7 @@ def test_full_disk_while_appending_the_manifest_leaves_an_orphan_only(tmp_path, 
     monkeypatch.setattr(builtins, "open", real_open)
     lines = (tmp_path / MANIFEST_FILE).read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["sample_ids"] == ["s0"]
+    writer.release()  # the failed run ends: its directory lock goes with it
     assert FeaturesWriter.open(tmp_path, META).done_ids == {"s0"}
 
 

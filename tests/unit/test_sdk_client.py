@@ -221,7 +221,7 @@ def test_api_key_from_env_is_sent(monkeypatch):
     monkeypatch.setenv("EAGLE3_API_KEY", "sekret")
     client = ExtractionClient("http://fake", transport=httpx.MockTransport(handle))
     list(client.extract([[1]]))
-    assert seen == ["Bearer sekret"]
+    assert seen == ["Bearer sekret", "Bearer sekret"]  # /v1/info (the request limits), then /v1/extract
 
 
 def test_unordered_mode_yields_in_arrival_order():

@@ -86,8 +86,9 @@ def test_warm_up_runs_the_request_path_then_the_metrics_start_at_zero(tmp_path: 
         assert lengths[0] == 1 and lengths[-1] == 256 and len(lengths) >= 4, lengths  # capped at max_batch_tokens
         assert any(len(call) > 1 for _, call in backend.calls), "no packed warm-up pass"
         metrics = client.get("/metrics").text
-        for name in ("eagle3_tokens_extracted_total", "eagle3_requests_total", "eagle3_forward_passes_total"):
-            assert f"\n{name} 0\n" in metrics, name
+        assert "\neagle3_forward_passes_total 0.0\n" in metrics
+        for name in ("eagle3_tokens_extracted_total", "eagle3_requests_total", "eagle3_queue_wait_seconds_count"):
+            assert app.state.runtime.metrics.get(name) == 0, name
         assert 'tenant="_warmup"' not in metrics
         rt = app.state.runtime
         assert rt.scheduler.inflight_tokens == 0 and rt.scheduler.n_requests == 0
@@ -99,7 +100,7 @@ def test_warm_up_runs_the_request_path_then_the_metrics_start_at_zero(tmp_path: 
         decoder.close()
         assert [f.type for f in frames] == [FrameType.HEADER, FrameType.DATA, FrameType.END]
         assert backend.calls[n_calls:] == [("eagle3-scheduler", [3])]
-        assert "\neagle3_tokens_extracted_total 3\n" in client.get("/metrics").text
+        assert '\neagle3_tokens_extracted_total{tenant="default"} 3.0\n' in client.get("/metrics").text
 
 
 def test_a_backend_whose_output_is_wrong_fails_the_load_not_the_first_request(tmp_path: Path) -> None:
@@ -157,4 +158,4 @@ def test_a_tenant_over_its_quota_is_counted_once(tmp_path: Path) -> None:
         worker.join(30)
         assert first == [200]
         metrics = client.get("/metrics").text
-        assert '\neagle3_rejections_total{reason="tenant_quota"} 1\n' in metrics, metrics
+        assert '\neagle3_rejections_total{reason="tenant_quota",tenant="default"} 1.0\n' in metrics, metrics
