@@ -53,7 +53,10 @@ def test_exposition_with_a_hostile_tenant_parses_and_counts_per_tenant(
     client, auth = keyed_app
     with client:
         wait_for(client, "ready")
-        body = {"samples": [{"id": "a", "input_ids": [5, 6, 7]}, {"id": "b", "input_ids": [8, 9]}]}
+        body = {
+            "samples": [{"id": "a", "input_ids": [5, 6, 7]}, {"id": "b", "input_ids": [8, 9]}],
+            "codec": "zstd+planes",
+        }
         resp = client.post("/v1/extract", json=body, headers={"Authorization": auth["hostile"]})
         assert frames(resp.content)[-1] == FrameType.END
         too_big = {"samples": [{"id": "c", "input_ids": [1] * 600}]}  # over max_model_len 512: a 400, not counted
@@ -80,7 +83,8 @@ def test_a_rejection_is_counted_for_its_tenant(keyed_app: tuple[TestClient, dict
     with client:
         wait_for(client, "ready")
         big = b'{"samples": [' + b" " * (65 << 20) + b"]}"
-        assert client.post("/v1/extract", content=big, headers={"Authorization": auth["ops"]}).status_code == 413
+        headers = {"Authorization": auth["ops"], "Content-Type": "application/json"}
+        assert client.post("/v1/extract", content=big, headers=headers).status_code == 413
         text = client.get("/metrics", headers={"Authorization": auth["ops"]}).text
         status = client.get("/v1/status", headers={"Authorization": auth["ops"]}).json()
     assert samples_of(text)[("eagle3_rejections_total", (("reason", "payload_too_large"), ("tenant", "ops")))] == 1
