@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
 import os
 import threading
@@ -26,7 +27,7 @@ from typing import Any
 
 from eagle3.core.masking import ChatTokenizer
 from eagle3.core.protocol.error_types import error_meta
-from eagle3.core.protocol.frames import Codec
+from eagle3.core.protocol.frames import CODEC_NAMES, Codec
 from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
 from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_backend
 from eagle3.server.chat_limits import ChatLimits, chat_limits
@@ -34,7 +35,9 @@ from eagle3.server.codec_choice import choose_codec, measure_encode_mb_s
 from eagle3.server.config import ServerSettings
 from eagle3.server.load_history import expected_load_s, load_key, record_load_s
 from eagle3.server.metrics import Metrics
-from eagle3.server.scheduler import Scheduler, request_buffer_tokens
+from eagle3.server.request_limits import TenantConnections
+from eagle3.server.scheduler import Sample, Scheduler, request_buffer_tokens
+from eagle3.server.stream import EncodeOptions, ExtractStream, stream_header
 from eagle3.server.warmup import warm_up
 
 logger = logging.getLogger(__name__)
@@ -89,6 +92,7 @@ class Runtime:
         )
         self.metrics.gauges = self.scheduler.gauges
         self.encoder_threads = settings.encoder_threads or encoder_threads_for_host()
+        self.connections = TenantConnections(settings.max_tenant_connections)  # open extracts per tenant
         self.executor = ThreadPoolExecutor(max_workers=self.encoder_threads, thread_name_prefix="eagle3-enc")
         self.encode_mb_s_per_core = 0.0  # zstd+planes, one thread (server/codec_choice.py)
         self.status = "loading"  # loading | ready | failed | draining
@@ -194,6 +198,23 @@ class Runtime:
             return {}
         elapsed_s = time.monotonic() - self.started_at
         return {"expected_s": self.expected_load_s, "eta_s": round(max(0.0, self.expected_load_s - elapsed_s), 1)}
+
+    def open_stream(
+        self, request_id: str, tenant: str, samples: list[Sample], codec: Codec, zstd_level: int = 1
+    ) -> ExtractStream:
+        """Admit ``samples`` (``AdmissionError`` when over a budget) and return the stream that will
+        carry their states. The one way a request becomes a stream: the route and the warm-up both use it."""
+        assert self.info is not None
+        s = self.settings
+        req = self.scheduler.submit(request_id, tenant, samples)
+        header = dataclasses.replace(
+            stream_header(self.info, request_id, len(samples), req.n_tokens, s.max_payload_bytes),
+            codec=next(name for name, c in CODEC_NAMES.items() if c == codec),
+        )
+        opts = EncodeOptions(codec, zstd_level, s.max_payload_bytes)
+        return ExtractStream(
+            self.scheduler, req, header, opts, self.executor, self.metrics, s.heartbeat_s, s.stream_chunk_bytes
+        )
 
     def codec_for(self, name: str, peer: str | None) -> Codec:
         """The codec of one request (``name``: the request's or the server's default; ``auto`` decides)."""

@@ -31,7 +31,6 @@ from eagle3.core.protocol.frames import CODEC_NAMES, Codec, FrameDecoder, FrameT
 from eagle3.core.protocol.wire import DataMeta, EndMeta
 from eagle3.server.codec_choice import AUTO, AUTO_COMPRESSED
 from eagle3.server.scheduler import Sample
-from eagle3.server.stream import EncodeOptions, ExtractStream, stream_header
 from eagle3.server.validation import check_samples, parse_request
 
 if TYPE_CHECKING:
@@ -107,12 +106,7 @@ def warm_up(rt: Runtime) -> dict[str, float]:
 async def _one_request(rt: Runtime, samples: list[Sample], codec: Codec) -> None:
     info, settings = rt.info, rt.settings
     assert info is not None
-    req = rt.scheduler.submit(f"warmup-{codec.name.lower()}", WARMUP_TENANT, samples)
-    header = stream_header(info, req.request_id, len(samples), req.n_tokens, settings.max_payload_bytes)
-    opts = EncodeOptions(codec, 1, settings.max_payload_bytes)
-    stream = ExtractStream(
-        rt.scheduler, req, header, opts, rt.executor, rt.metrics, settings.heartbeat_s, settings.stream_chunk_bytes
-    )
+    stream = rt.open_stream(f"warmup-{codec.name.lower()}", WARMUP_TENANT, samples, codec)
     decoder = FrameDecoder(max_payload_bytes=settings.max_payload_bytes + (1 << 20))
     frames = []
     async for piece in stream.body():

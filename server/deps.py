@@ -1,0 +1,66 @@
+"""Request dependencies shared by the routes: the app's ``Runtime``, API-key authentication and the
+"not ready" answer."""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Callable
+
+from fastapi import Request
+
+from eagle3.server.errors import ApiError
+from eagle3.server.runtime import Runtime
+
+TENANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def runtime_of(request: Request) -> Runtime:
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+def authenticate(request: Request) -> str:
+    """The caller's tenant name; 401 unless a configured key matches (constant-time, every key tried)."""
+    tenant = _authenticate(request)
+    request.state.tenant = tenant
+    return tenant
+
+
+def authenticate_unless(public: str) -> Callable[[Request], str | None]:
+    """``authenticate``, skipped when the setting named ``public`` (public_metrics, public_status) is on."""
+
+    def check(request: Request) -> str | None:
+        return None if getattr(runtime_of(request).settings, public) else authenticate(request)
+
+    return check
+
+
+def _authenticate(request: Request) -> str:
+    keys = runtime_of(request).settings.api_keys
+    if not keys:
+        tenant = request.headers.get("x-eagle3-tenant", "default")
+        if not TENANT_RE.match(tenant):
+            raise ApiError(400, "X-Eagle3-Tenant must be 1-64 characters of [A-Za-z0-9_.:-]", param="X-Eagle3-Tenant")
+        return tenant
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    given = token.strip().encode()
+    found = None
+    for key, tenant in keys.items():
+        if hmac.compare_digest(key.encode(), given) and scheme.lower() == "bearer":
+            found = tenant
+    if found is None:
+        raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')")
+    return found
+
+
+def unavailable(rt: Runtime) -> ApiError | None:
+    if rt.status == "ready":
+        return None
+    reason = {"loading": "loading", "draining": "draining"}.get(rt.status, "failed")
+    message = {
+        "loading": f"model is loading ({rt.phase}, {rt.progress:.0%})",
+        "draining": "server is shutting down",
+        "failed": f"model failed to load: {rt.error}",
+    }[rt.status]
+    return ApiError(503, message, reason=reason, retry_after_s=5 if rt.status == "loading" else 10)

@@ -1,0 +1,123 @@
+"""The routes, as module-level handlers on two routers: ``probes`` (``/livez``, ``/readyz``: no key, for
+the orchestrator) and ``api`` (everything else: the API key, unless a ``--public-*`` setting opens a
+read-only page). They hold no state: each reads the ``Runtime`` the app's lifespan created."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from eagle3.server.deps import authenticate, authenticate_unless, runtime_of, unavailable
+from eagle3.server.errors import ApiError
+from eagle3.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from eagle3.server.openapi import EXTRACT_OPENAPI
+from eagle3.server.request_limits import ClientGoneError, check_content_type, read_body
+from eagle3.server.runtime import Runtime
+from eagle3.server.scheduler import AdmissionError
+from eagle3.server.status_page import render_status_page, status_data
+from eagle3.server.stream import FrameStreamResponse
+from eagle3.server.validation import check_samples, parse_request
+
+probes = APIRouter()
+api = APIRouter()
+
+
+@probes.get("/livez")
+async def livez() -> dict[str, str]:
+    return {"status": "alive"}
+
+
+@probes.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    rt = runtime_of(request)
+    if rt.status == "ready":
+        return JSONResponse({"status": "ready"})
+    body = {
+        "status": rt.status,
+        "phase": rt.phase,
+        "progress": rt.progress,
+        "elapsed_s": round(time.monotonic() - rt.started_at, 3),
+        **rt.load_estimate(),
+    }
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
+
+@api.get("/v1/info", dependencies=[Depends(authenticate)])
+async def info(request: Request) -> JSONResponse:
+    rt = runtime_of(request)
+    if rt.info is None:
+        raise unavailable(rt) or ApiError(503, "model is loading", reason="loading", retry_after_s=5)
+    return JSONResponse(rt.describe().to_dict())
+
+
+@api.get("/metrics", dependencies=[Depends(authenticate_unless("public_metrics"))], include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    return Response(runtime_of(request).metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+@api.get("/v1/status", dependencies=[Depends(authenticate_unless("public_status"))])
+async def status_json(request: Request) -> JSONResponse:
+    """The status page's figures: model, load phase, uptime, per-tenant work, throughput, recent errors."""
+    return JSONResponse(status_data(runtime_of(request)))
+
+
+@api.get("/", dependencies=[Depends(authenticate_unless("public_status"))], include_in_schema=False)
+async def status_page(request: Request) -> HTMLResponse:
+    return HTMLResponse(render_status_page(status_data(runtime_of(request))))
+
+
+@api.post("/v1/extract", openapi_extra=EXTRACT_OPENAPI)
+async def extract(request: Request, tenant: str = Depends(authenticate)) -> Response:
+    rt = runtime_of(request)
+    if (err := unavailable(rt)) is not None:
+        raise err
+    assert rt.info is not None
+    check_content_type(request)
+    rt.connections.acquire(tenant)  # released when the response ends, whatever happens from here
+    try:
+        return await _extract(request, tenant, rt)
+    except BaseException:
+        rt.connections.release(tenant)
+        raise
+
+
+async def _extract(request: Request, tenant: str, rt: Runtime) -> Response:
+    assert rt.info is not None
+    settings = rt.settings
+    try:
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+    except ClientGoneError:
+        rt.connections.release(tenant)
+        return Response(status_code=400)  # nobody reads it
+    parsed = parse_request(body)
+    check = functools.partial(
+        check_samples,
+        parsed,
+        vocab_size=rt.info.vocab_size,
+        max_model_len=rt.info.max_model_len,
+        max_request_tokens=settings.request_token_cap,
+        chat=rt.chat,
+        chat_limits=rt.chat_limits,
+    )
+    if not rt.tokenize_slots.acquire(blocking=False):  # bounded: a flood waits in no unbounded queue
+        rt.metrics.inc("eagle3_rejections_total", tenant=tenant, reason="overloaded")
+        raise ApiError(503, "too many requests being validated; retry shortly", reason="overloaded", retry_after_s=1)
+    job = rt.tokenize_pool.submit(check)  # the slot comes back when the job ends, even if we stop waiting
+    job.add_done_callback(lambda _: rt.tokenize_slots.release())
+    samples = await asyncio.wrap_future(job)
+    if (err := unavailable(rt)) is not None:  # it may have started draining meanwhile
+        raise err
+    request_id = request.state.request_id
+    codec = rt.codec_for(parsed.codec or settings.default_codec, request.client.host if request.client else None)
+    try:
+        stream = rt.open_stream(request_id, tenant, samples, codec, parsed.zstd_level)
+    except AdmissionError as exc:
+        raise ApiError(
+            exc.status, str(exc), type_=exc.type, reason=exc.reason, retry_after_s=exc.retry_after_s
+        ) from None
+    headers = {"X-Request-Id": request_id, "Cache-Control": "no-store"}
+    return FrameStreamResponse(stream, headers=headers, on_close=lambda: rt.connections.release(tenant))
