@@ -24,7 +24,7 @@ def add_prepare_command(sub: Any) -> None:
         "--input",
         required=True,
         nargs="+",
-        help=f"one or more: JSONL file (.gz ok), saved datasets dir, or {BUILTIN_CHATTERBOT}",
+        help=f"one or more: .jsonl (.gz ok), .json array, .parquet, saved datasets dir, or {BUILTIN_CHATTERBOT}",
     )
     p.add_argument("--out", required=True, type=Path, help="output directory (samples.jsonl, meta.json, stats.json)")
     add_model_argument(p)
@@ -53,6 +53,8 @@ def add_prepare_command(sub: Any) -> None:
     )
     p.add_argument("--split", default="train", help="split of a saved DatasetDict (default train)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the checkpoint's own tokenizer code (some MoE/multimodal checkpoints)")  # fmt: skip
     p.set_defaults(func=run_prepare)
 
 
@@ -71,6 +73,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         split=args.split,
         overwrite=args.overwrite,
         workers=args.workers,
+        trust_remote_code=args.trust_remote_code,
     )
     stats = prepare_dataset(args.input, args.out, model=args.model, config=config)
     print(f"prepared {', '.join(args.input)} -> {args.out / SAMPLES_FILE}")

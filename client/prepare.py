@@ -51,6 +51,7 @@ class PrepareConfig:
     overwrite: bool = False
     workers: int = 1  # tokenizing processes; >1 pays ~4 s of start-up, worth it on large inputs
     progress: bool | None = None  # None: a bar on a terminal or in Jupyter, a log line every 30 s otherwise
+    trust_remote_code: bool = False  # run the checkpoint's own tokenizer code (as serve --trust-remote-code)
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 1:
@@ -65,10 +66,10 @@ class PrepareConfig:
             raise ValueError(f"on_error must be 'skip' or 'fail', got {self.on_error!r}")
 
 
-def load_tokenizer(model_dir: Path) -> Any:
+def load_tokenizer(model_dir: Path, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
 
 
 def prepare_dataset(
@@ -93,7 +94,7 @@ def prepare_dataset(
         raise PrepareError(f"{out / SAMPLES_FILE} already exists; pass --overwrite to replace it")
     model_dir = resolve_model_dir(model)
     cfg = model_config(model_dir)
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir, config.trust_remote_code)
     vocab_size = int(cfg.get("vocab_size") or len(tokenizer))
     context = int(cfg.get("max_position_embeddings") or 0) or None
     limits = [x for x in (config.max_length, context) if x]
@@ -111,7 +112,8 @@ def prepare_dataset(
         with open(partial, "w", encoding="utf-8") as fh:
             rows = _iter_all_rows(sources, config)
             with ProgressBar("prepare", config.limit, unit="row", enabled=config.progress) as bar:
-                for result in tokenize_rows(rows, chat, workers=config.workers, model_dir=str(model_dir)):
+                for result in tokenize_rows(rows, chat, workers=config.workers, model_dir=str(model_dir),
+                                            trust_remote_code=config.trust_remote_code):  # fmt: skip
                     stats.rows_read += 1
                     sample = _finish_row(result, config, stats, max_length, vocab_size)
                     if sample is not None:

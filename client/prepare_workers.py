@@ -53,7 +53,12 @@ def tokenize_row(raw: RawRow, chat: ChatTokenizer) -> RowResult:
 
 
 def tokenize_rows(
-    rows: Iterable[RawRow], chat: ChatTokenizer, *, workers: int = 1, model_dir: str = ""
+    rows: Iterable[RawRow],
+    chat: ChatTokenizer,
+    *,
+    workers: int = 1,
+    model_dir: str = "",
+    trust_remote_code: bool = False,
 ) -> Iterator[RowResult]:
     """``tokenize_row`` over ``rows``, in order; ``workers > 1`` uses that many processes, each
     loading the tokenizer from ``model_dir`` with ``chat``'s template."""
@@ -67,7 +72,7 @@ def tokenize_rows(
         workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(model_dir, chat.chat_template),
+        initargs=(model_dir, chat.chat_template, trust_remote_code),
     ) as pool:
         pending: deque[Future[list[RowResult]]] = deque()
         iterator = iter(rows)
@@ -87,11 +92,12 @@ def tokenize_rows(
                 future.cancel()
 
 
-def _init_worker(model_dir: str, chat_template: str | None) -> None:
+def _init_worker(model_dir: str, chat_template: str | None, trust_remote_code: bool = False) -> None:
     from transformers import AutoTokenizer
 
     global _WORKER_CHAT
-    _WORKER_CHAT = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir), chat_template)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    _WORKER_CHAT = ChatTokenizer(tokenizer, chat_template)
 
 
 def _tokenize_chunk(chunk: list[RawRow]) -> list[RowResult]:

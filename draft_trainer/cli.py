@@ -71,7 +71,14 @@ def add_trainer_commands(sub: Any) -> None:
     )
     p.add_argument("run", type=Path, help="run directory (or its draft/)")
     p.add_argument("--out", required=True, type=Path, help="export directory")
-    p.add_argument("--format", choices=("vllm",), default="vllm", help="export format (default vllm)")
+    p.add_argument(
+        "--format",
+        choices=("vllm", "speculators"),
+        default="vllm",
+        help="vllm: config for --speculative-config; speculators: a directory `vllm serve DIR` runs alone",
+    )
+    p.add_argument("--verifier", default=None, help="speculators: the target model vllm serve loads (path or org/name)")
+    p.add_argument("--num-speculative-tokens", type=positive_int, default=3, help="speculators: k (default 3)")
     p.set_defaults(func=run_export)
 
     p = sub.add_parser(
@@ -138,8 +145,10 @@ def run_train(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from eagle3.draft_trainer.export import check_export, export_draft
 
-    out = export_draft(args.run, args.out, format=args.format)
-    check_export(out)
+    out = export_draft(args.run, args.out, format=args.format, verifier=args.verifier,
+                       num_speculative_tokens=args.num_speculative_tokens)  # fmt: skip
+    if args.format == "vllm":
+        check_export(out)
     print(f"exported {args.run} -> {out} ({args.format} format; shapes match vLLM's Eagle3 loader)")
     return 0
 

@@ -61,6 +61,38 @@ def export_config(model: EagleDraft) -> dict[str, Any]:
     return config
 
 
+# What vLLM's speculators reader (vllm/transformers_utils/configs/speculators) needs: no top-level
+# model_type (vLLM detects the format by ``speculators_config``), ``speculators_model_type``, the draft
+# layer's own config under ``transformer_layer_config``, and the verifier plus k under
+# ``speculators_config``. ``norm_before_residual`` defaults to true there, false in the flat format:
+# this draft normalises after taking the residual, so it is written explicitly.
+EAGLE3_KEYS = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+               "eagle_config")  # fmt: skip
+
+
+def speculators_config(model: EagleDraft, verifier: str, num_speculative_tokens: int) -> dict[str, Any]:
+    """``config.json`` in speculators' format: ``vllm serve DIR`` loads the verifier it names with this
+    draft and k speculative tokens, no ``--speculative-config`` needed."""
+    flat = export_config(model)
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": {k: v for k, v in flat.items() if k not in EAGLE3_KEYS},
+        "draft_vocab_size": flat["draft_vocab_size"],
+        "target_hidden_size": flat["target_hidden_size"],
+        "eagle_aux_hidden_state_layer_ids": flat["eagle_aux_hidden_state_layer_ids"],
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "torch_dtype": "bfloat16",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}],
+            "verifier": {"name_or_path": verifier},
+        },
+    }
+
+
 def export_tensors(model: EagleDraft) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
@@ -74,17 +106,33 @@ def export_tensors(model: EagleDraft) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_draft(draft_dir: str | Path, export_dir: str | Path, *, format: str = "vllm") -> Path:
-    """Write ``export_dir`` from a run's ``draft/`` (or the run directory itself)."""
-    if format != "vllm":
-        raise CheckpointError(f"export format {format!r} is not supported (supported: vllm)")
+def export_draft(
+    draft_dir: str | Path,
+    export_dir: str | Path,
+    *,
+    format: str = "vllm",
+    verifier: str | None = None,
+    num_speculative_tokens: int = 3,
+) -> Path:
+    """Write ``export_dir`` from a run's ``draft/`` (or the run directory itself). ``format="speculators"``
+    needs ``verifier`` (the path or hub id ``vllm serve`` will load as the target)."""
+    if format not in ("vllm", "speculators"):
+        raise CheckpointError(f"export format {format!r} is not supported (supported: vllm, speculators)")
+    if format == "speculators" and not verifier:
+        raise CheckpointError("--format speculators needs --verifier (the target model vllm serve loads)")
+    if num_speculative_tokens < 1:
+        raise CheckpointError(f"--num-speculative-tokens must be >= 1, got {num_speculative_tokens}")
     model = load_draft(draft_dir)
     out = Path(export_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{EXPORT_WEIGHTS}.tmp"
     save_file(export_tensors(model), str(tmp), metadata={"format": "pt"})
     tmp.replace(out / EXPORT_WEIGHTS)
-    write_text_atomic(out / EXPORT_CONFIG, json.dumps(export_config(model), indent=2) + "\n")
+    config = (
+        speculators_config(model, str(verifier), num_speculative_tokens) if format == "speculators"
+        else export_config(model)
+    )  # fmt: skip
+    write_text_atomic(out / EXPORT_CONFIG, json.dumps(config, indent=2) + "\n")
     return out
 
 

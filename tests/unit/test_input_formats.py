@@ -58,3 +58,26 @@ def test_unknown_types_and_bad_files_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "mixed.json").write_text('[{"prompt": "p", "response": "r"}, 3]')
     rows = list(iter_rows(str(tmp_path / "mixed.json")))
     assert rows[1].error == "expected a JSON object, got int"
+
+
+def test_prepare_passes_trust_remote_code_to_the_tokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``eagle3 prepare --trust-remote-code`` reaches AutoTokenizer (the default stays off)."""
+    import transformers
+
+    from eagle3.cli import main
+
+    seen: list[object] = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        seen.append(kwargs.get("trust_remote_code"))
+        raise OSError("stop here: the tokenizer was requested")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"vocab_size": 10, "max_position_embeddings": 64}')
+    src = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    base = ["prepare", "--input", str(src), "--model", str(model)]
+    for extra, expected in (([], False), (["--trust-remote-code"], True)):
+        assert main([*base, "--out", str(tmp_path / f"out{len(seen)}"), *extra]) == 1  # the one-line error
+        assert seen[-1] is expected
