@@ -281,7 +281,7 @@ def main() -> None:
         c = bench_http(model_dir, one_x, tmp / "f1", args.max_batch_tokens, args.codec)
         c_n = bench_http(model_dir, n_x, tmp / f"f{args.scale}", args.max_batch_tokens, args.codec)
         raw_per_token = (len(aux) + 1) * hidden * 2
-        codec = args.codec or "zstd+planes"
+        codec = args.codec if args.codec not in (None, "auto", "none") else "zstd+planes"  # the codec measured below
         z = zstd_speed(first, codec)
         extraction_mb_s = c["tokens_per_s"] * raw_per_token / 1e6
         result = {
@@ -298,7 +298,8 @@ def main() -> None:
             "wire_bytes_per_token": c["wire_bytes"] / c["n_tokens"],
             "raw_bf16_bytes_per_token": raw_per_token,
             "wire_over_raw": c["wire_bytes"] / (c["n_tokens"] * raw_per_token),
-            "codec": codec,
+            "codec": args.codec or "server default (auto: none on loopback)",  # what (c) used on the wire
+            "zstd_codec": codec,
             "zstd": z,
             "zstd_over_extraction_rate": z["compress_mb_per_s_1_thread"] / extraction_mb_s,
             f"server_peak_rss_mb_{args.scale}x": c_n["server_peak_rss_mb"],
