@@ -43,7 +43,7 @@ from eagle3.client.progress import Progress
 from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient
 from eagle3.core.features_writer import DEFAULT_SHARD_MB, IDENTITY_FIELDS, FeaturesWriter, check_free_disk
 from eagle3.core.protocol.features import SHARDS_DIR, FeaturesMeta
-from eagle3.core.protocol.prepared import SAMPLES_FILE, PreparedMeta, PreparedSample, iter_prepared, read_meta
+from eagle3.core.protocol.prepared import PreparedMeta, PreparedSample, iter_prepared, read_meta
 from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
 
@@ -168,7 +168,9 @@ def extract_dataset(
                 request_id=exc.request_id, retry_after_s=exc.retry_after_s,
             ) from None  # fmt: skip
     check_prepared(prepared, info, prepared_dir)
-    meta = features_meta(info, prepared_dir, _count_lines(prepared_dir / SAMPLES_FILE, config.limit))
+    # pass 1 of 2 over samples.jsonl: validate every sample, keep only (id, length, source)
+    scanned = [(s.sample_id, s.n_tokens, s.source) for s in _limited(prepared_dir, config.limit, info.vocab_size)]
+    meta = features_meta(info, prepared_dir, len(scanned))
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = FeaturesWriter.open(out_dir, meta, shard_mb=config.shard_mb, verify=config.verify, background=True)
 
@@ -176,25 +178,23 @@ def extract_dataset(
         max_request_tokens = min(config.request_tokens, info.limit("max_request_tokens", config.request_tokens))
         longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
         n_todo, n_tokens_todo, n_skipped = 0, 0, 0
-        for index, sample in enumerate(iter_prepared(prepared_dir, vocab_size=info.vocab_size)):
-            if config.limit is not None and index >= config.limit:
-                break
-            if sample.sample_id in writer.done_ids:
+        for sample_id, n_tokens, source in scanned:
+            if sample_id in writer.done_ids:
                 n_skipped += 1
                 continue
-            if sample.n_tokens > longest:
+            if n_tokens > longest:
                 raise IncompatibleError(
-                    f"sample {sample.sample_id!r} ({sample.source}) has {sample.n_tokens} tokens, over the server's "
+                    f"sample {sample_id!r} ({source}) has {n_tokens} tokens, over the server's "
                     f"limit of {longest}; re-run eagle3 prepare with --max-length {longest}"
                 )
             n_todo += 1
-            n_tokens_todo += sample.n_tokens
+            n_tokens_todo += n_tokens
         if config.check_disk and n_tokens_todo:
             check_free_disk(out_dir, n_tokens_todo, meta, config.shard_mb)
         logger.info("%d samples (%d tokens) to extract, %d already done", n_todo, n_tokens_todo, n_skipped)
 
         summary = ExtractSummary(str(out_dir), n_skipped=n_skipped)
-        batches = cut_batches(
+        batches = cut_batches(  # pass 2: the samples themselves, streamed
             _todo(prepared_dir, config.limit, set(writer.done_ids)),
             max_request_tokens,
             info.limit("max_body_bytes", 1 << 40),
@@ -313,19 +313,12 @@ def _run(
             c.close()
 
 
-def _todo(prepared_dir: Path, limit: int | None, done: set[str]) -> Iterator[PreparedSample]:
-    for index, sample in enumerate(iter_prepared(prepared_dir)):
+def _limited(prepared_dir: Path, limit: int | None, vocab_size: int | None = None) -> Iterator[PreparedSample]:
+    for index, sample in enumerate(iter_prepared(prepared_dir, vocab_size=vocab_size)):
         if limit is not None and index >= limit:
             return
-        if sample.sample_id not in done:
-            yield sample
+        yield sample
 
 
-def _count_lines(path: Path, limit: int | None) -> int:
-    if not path.is_file():
-        next(iter_prepared(path.parent))  # raises its "not found (run eagle3 prepare)" error
-    n = 0
-    with open(path, "rb") as fh:
-        for line in fh:
-            n += bool(line.strip())
-    return n if limit is None else min(n, limit)
+def _todo(prepared_dir: Path, limit: int | None, done: set[str]) -> Iterator[PreparedSample]:
+    return (sample for sample in _limited(prepared_dir, limit) if sample.sample_id not in done)
