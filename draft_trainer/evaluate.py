@@ -198,7 +198,6 @@ def evaluate(
         spec_s += spec.seconds
         accepted += spec.accepted
         n_tokens += len(spec.tokens)
-    taps.remove()
     bar.close()
     result = EvalResult(
         k=k, n_prompts=len(prompts), tau=sum(a + 1 for a in accepted) / max(1, len(accepted)),
