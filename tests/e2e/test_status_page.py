@@ -104,7 +104,8 @@ def test_the_page_chromium_renders_shows_what_metrics_says(server: LiveServer, t
                           timeout=60)  # fmt: skip
         assert [f.type.name for f in iter_frames(resp)][-1] == "END"
     too_big = b'{"samples": [' + b" " * (2 << 20) + b"]}"
-    assert httpx.post(f"{server.url}/v1/extract", content=too_big, headers=server.headers("alice")).status_code == 413
+    json_headers = {**server.headers("alice"), "Content-Type": "application/json"}
+    assert httpx.post(f"{server.url}/v1/extract", content=too_big, headers=json_headers).status_code == 413
     assert httpx.get(f"{server.url}/metrics").status_code == 401  # metrics still need a key; the page does not
 
     metrics = scrape(server)
