@@ -12,6 +12,7 @@ A notebook that installs only the SDK must never pull torch, fastapi or the serv
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -158,10 +159,18 @@ def test_guard_sees_imports():
     }
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without PYTHONPATH (the vllm backend exports the checkout's root there for its
+    engine processes; a fresh interpreter here must see only what is installed)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _loaded_after(statement: str) -> list[str]:
     """Run ``statement`` in a fresh interpreter outside the checkout; return every module it loaded."""
     code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/", env=_clean_env()
+    )
     return proc.stdout.split()
 
 
@@ -203,5 +212,7 @@ def test_installed_names_live_under_one_namespace():
     ``client``/``server``/``core`` from outside the checkout."""
     loaded = _loaded_after("import eagle3.client.sdk, eagle3.server, eagle3.draft_trainer, eagle3.core")
     assert not {"client", "server", "core", "draft_trainer"} & set(loaded)
-    proc = subprocess.run([sys.executable, "-c", "import client"], capture_output=True, text=True, cwd="/", check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import client"], capture_output=True, text=True, cwd="/", check=False, env=_clean_env()
+    )
     assert proc.returncode != 0 and "No module named 'client'" in proc.stderr
