@@ -129,14 +129,20 @@ def bench_naive(model_dir: Path, samples: list[list[int]], batch_size: int, aux:
     }
 
 
-def bench_backend(model_dir: Path, samples: list[list[int]], max_batch_tokens: int) -> dict[str, Any]:
-    backend = HfBackend(BackendConfig(model=str(model_dir), max_batch_tokens=max_batch_tokens))
-    backend.load(lambda _phase, _fraction: None)
+def pack_by_tokens(samples: list[list[int]], max_batch_tokens: int) -> list[list[list[int]]]:
+    """Consecutive samples in batches of at most ``max_batch_tokens`` tokens (a longer sample alone)."""
     batches: list[list[list[int]]] = [[]]
     for s in samples:
         if batches[-1] and sum(map(len, batches[-1])) + len(s) > max_batch_tokens:
             batches.append([])
         batches[-1].append(s)
+    return batches
+
+
+def bench_backend(model_dir: Path, samples: list[list[int]], max_batch_tokens: int) -> dict[str, Any]:
+    backend = HfBackend(BackendConfig(model=str(model_dir), max_batch_tokens=max_batch_tokens))
+    backend.load(lambda _phase, _fraction: None)
+    batches = pack_by_tokens(samples, max_batch_tokens)
     started = time.perf_counter()
     first: torch.Tensor | None = None
     for batch in batches:

@@ -26,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.extract import pack_by_tokens  # noqa: E402
 from bench.serving import random_prepared  # noqa: E402
 from eagle3.client.extract import ExtractConfig, extract_dataset  # noqa: E402
 from eagle3.core.layers import default_aux_layer_ids  # noqa: E402
@@ -82,11 +83,7 @@ def bench_naive(model: str, samples: list[list[int]], batch_size: int, device: s
 def bench_backend(model: str, samples: list[list[int]], max_batch_tokens: int, device: str) -> dict[str, Any]:
     backend = HfBackend(BackendConfig(model=model, max_batch_tokens=max_batch_tokens, device=device))
     backend.load(lambda _p, _f: None)
-    batches: list[list[list[int]]] = [[]]
-    for s in samples:
-        if batches[-1] and sum(map(len, batches[-1])) + len(s) > max_batch_tokens:
-            batches.append([])
-        batches[-1].append(s)
+    batches = pack_by_tokens(samples, max_batch_tokens)
     started = time.perf_counter()
     for batch in batches:
         backend.extract(batch)
