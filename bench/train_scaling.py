@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from eagle3.draft_trainer import ttt_loss
 from eagle3.draft_trainer.model import DraftConfig, EagleDraft
 from eagle3.draft_trainer.ttt import PackedBatch, Teacher, ttt_forward
 
@@ -78,9 +79,12 @@ def _rss_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def run_one(shape: str, tokens: int, attention: str, device_name: str, steps: int) -> dict[str, Any]:
-    """One configuration in this process: warm-up step, then ``steps`` timed steps."""
+def run_one(shape: str, tokens: int, attention: str, device_name: str, steps: int, loss_chunk: int = 0,
+            profile: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One configuration in this process: warm-up step, then ``steps`` timed steps (then one profiled)."""
     device = torch.device(device_name)
+    if loss_chunk:
+        ttt_loss.CUDA_LOSS_CHUNK_ELEMENTS = loss_chunk
     draft, teacher = _model(shape, device)
     batch = _batch(shape, tokens, device)
     in_vocab = torch.ones(tokens, dtype=torch.bool, device=device)
@@ -119,9 +123,32 @@ def run_one(shape: str, tokens: int, attention: str, device_name: str, steps: in
     else:
         peak = _rss_kb("VmHWM") * 1024
     step_s = (time.perf_counter() - started) / steps
-    return {"shape": shape, "tokens": tokens, "attention": attention, "step_s": round(step_s, 3),
-            "tokens_per_s": round(tokens / step_s, 1), "step_peak_mb": round((peak - base) / 2**20, 1),
-            "peak_mb": round(peak / 2**20, 1), "terms": terms}  # fmt: skip
+    out = {"shape": shape, "tokens": tokens, "attention": attention, "step_s": round(step_s, 3),
+           "tokens_per_s": round(tokens / step_s, 1), "step_peak_mb": round((peak - base) / 2**20, 1),
+           "peak_mb": round(peak / 2**20, 1), "terms": terms,
+           "cuda_loss_chunk_elements": ttt_loss.CUDA_LOSS_CHUNK_ELEMENTS}  # fmt: skip
+    if profile:
+        out["profile"] = _profile(step, cuda)
+    return out
+
+
+def _profile(step: Any, cuda: bool, top: int = 25) -> dict[str, Any]:
+    """One step under torch.profiler: device busy time vs wall, and the ops with the most self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_s = time.perf_counter() - started
+    events = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    busy_us = sum(getattr(e, key) for e in events)
+    ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+    return {"wall_s": round(wall_s, 3), "self_time_total_s": round(busy_us / 1e6, 3),
+            "top": [{"op": e.key[:80], "calls": e.count, "self_ms": round(getattr(e, key) / 1e3, 1)} for e in ranked]}  # fmt: skip
 
 
 def _dense_gb(shape: str, tokens: int) -> float:
@@ -132,19 +159,21 @@ def _dense_gb(shape: str, tokens: int) -> float:
 def main(args: argparse.Namespace) -> int:
     if args.one:
         torch.set_num_threads(args.threads)
-        shape, tokens, attention = args.one.split(":")
-        print(json.dumps(run_one(shape, int(tokens), attention, args.device, args.steps)))
+        shape, tokens, attention, chunk = args.one.split(":")
+        print(json.dumps(run_one(shape, int(tokens), attention, args.device, args.steps, int(chunk), args.profile)))
         return 0
     runs: list[dict[str, Any]] = []
+    chunks = args.loss_chunk.split(",")
     for shape in args.shapes.split(","):
         for attention in args.attention.split(","):
-            for tokens in (int(t) for t in args.tokens.split(",")):
+            for tokens, chunk in ((int(t), int(c or 0)) for t in args.tokens.split(",") for c in chunks):
                 if attention == "dense" and _dense_gb(shape, tokens) > args.dense_max_gb:
                     skipped = f"dense scores ~{_dense_gb(shape, tokens):.0f} GB > --dense-max-gb"
                     runs.append({"shape": shape, "tokens": tokens, "attention": attention, "skipped": skipped})
                     continue
-                cmd = [sys.executable, "-m", "bench.train", "--synthetic", "--one", f"{shape}:{tokens}:{attention}",
-                       "--device", args.device, "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+                cmd = [sys.executable, "-m", "bench.train", "--synthetic", "--one",
+                       f"{shape}:{tokens}:{attention}:{chunk}", "--device", args.device, "--steps", str(args.steps),
+                       "--threads", str(args.threads)] + (["--profile"] if args.profile else [])  # fmt: skip
                 done = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603 (our own argv)
                 if done.returncode != 0:
                     failed = done.stderr.strip().splitlines()[-1:] or [f"rc {done.returncode}"]
@@ -160,15 +189,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per (shape, attention): step peak at 16k / at 4k and step time at 8k / at 4k (the bars)."""
+    """Per (shape, attention[, CUDA loss chunk]): step peak at 16k / at 4k and step time at 8k / at 4k (the bars)."""
     out: dict[str, Any] = {}
-    by_key = {(r["shape"], r["attention"], r["tokens"]): r for r in runs if "step_s" in r}
-    for shape, attention in sorted({(r["shape"], r["attention"]) for r in runs}):
-        at = {t: by_key.get((shape, attention, t)) for t in (4096, 8192, 16384)}
+    timed = [r for r in runs if "step_s" in r]
+    chunks = {r["cuda_loss_chunk_elements"] for r in timed}
+
+    def label(r: dict[str, Any]) -> str:
+        tail = f"/chunk{r['cuda_loss_chunk_elements']}" if len(chunks) > 1 else ""
+        return f"{r['shape']}/{r['attention']}{tail}"
+
+    by_key = {(label(r), r["tokens"]): r for r in timed}
+    for name in sorted({label(r) for r in timed}):
+        at = {t: by_key.get((name, t)) for t in (4096, 8192, 16384)}
         entry = {}
         if at[4096] and at[16384]:
             entry["peak_16k_over_4k"] = round(at[16384]["step_peak_mb"] / at[4096]["step_peak_mb"], 2)
         if at[4096] and at[8192]:
             entry["step_time_8k_over_4k"] = round(at[8192]["step_s"] / at[4096]["step_s"], 2)
-        out[f"{shape}/{attention}"] = entry
+        out[name] = entry
     return out

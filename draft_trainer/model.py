@@ -117,7 +117,9 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``x`` [T, 2H] -> q [T, heads, d], k/v [T, heads, d] (kv heads repeated for GQA), rope applied."""
         t = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(t, self.n_heads, self.head_dim), cos, sin)  # [T, nh, d]
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)  # [T, nh, d] (bf16 under CUDA autocast)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # rope in the projections' dtype, as transformers' Llama
+        q = apply_rope(q, cos, sin)
         k = apply_rope(self.k_proj(x).view(t, self.n_kv, self.head_dim), cos, sin)  # [T, nkv, d]
         v = self.v_proj(x).view(t, self.n_kv, self.head_dim)  # [T, nkv, d]
         rep = self.n_heads // self.n_kv

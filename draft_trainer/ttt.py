@@ -59,7 +59,7 @@ class Teacher(torch.nn.Module):
         """[n, Ht] -> [n] bool: the full-vocab argmax lies in the draft vocab (``t2d`` [V]).
 
         Row chunks of ``chunk_rows_for(V)``, so the full-vocab logits are never whole."""
-        step = chunk_rows_for(self.lm_head_weight.shape[0])
+        step = chunk_rows_for(self.lm_head_weight.shape[0], final.device)
         parts = [t2d[self(final[i : i + step]).argmax(-1)] for i in range(0, final.shape[0], step)]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=final.device)
 
@@ -140,13 +140,13 @@ def _teacher_targets(
     teacher_logp = torch.zeros(n, target_ids.shape[0], device=final.device)  # [T, Vd]
     rows = need.nonzero().squeeze(1)  # [n_need]
     if in_vocab is not None:
-        step = chunk_rows_for(target_ids.shape[0])
+        step = chunk_rows_for(target_ids.shape[0], final.device)
         for i in range(0, rows.shape[0], step):
             part = rows[i : i + step]
             teacher_logp[part] = teacher(final[part], target_ids).log_softmax(-1)  # [c, Vd]
         return teacher_logp, in_vocab & need
     flags = torch.zeros(n, dtype=torch.bool, device=final.device)  # [T]
-    step = chunk_rows_for(teacher.lm_head_weight.shape[0])
+    step = chunk_rows_for(teacher.lm_head_weight.shape[0], final.device)
     for i in range(0, rows.shape[0], step):
         part = rows[i : i + step]
         full = teacher(final[part])  # [c, V]

@@ -229,8 +229,10 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     scale = q.shape[-1] ** -0.5
     chain = torch.stack([(q * kj).sum(-1) for kj in keys[1:]], dim=-1).float() * scale  # [T, nh, k]
     lse = torch.logsumexp(torch.cat([lse0[..., None], chain], dim=-1), dim=-1)  # [T, nh]
-    out = torch.exp(lse0 - lse)[..., None] * out0.float()  # [T, nh, d]
+    # fp32 weights times bf16 (or fp32) values: type promotion computes in fp32, and autograd keeps a
+    # reference to the values, never an fp32 copy per (step, chain key) pair (K(K-1)/2 of them)
+    out = torch.exp(lse0 - lse)[..., None] * out0  # [T, nh, d] fp32
     weights = torch.exp(chain - lse[..., None])  # [T, nh, k]
     for j in range(1, len(keys)):
-        out = out + weights[..., j - 1, None] * values[j].float()
+        out = out + weights[..., j - 1, None] * values[j]
     return out.to(q.dtype)

@@ -4,7 +4,7 @@ For the counted rows of one step, ``chunk_terms`` runs ``draft.logits`` -> log-s
 teacher's draft-vocab distribution ``chunk_rows`` rows at a time. With gradients on, each chunk is an
 activation checkpoint (``torch.utils.checkpoint``, non-reentrant): only its ``[rows, H]`` input is kept
 for backward and the chunk's logits are recomputed there, so the vocab-sized memory of a step is one
-chunk (``rows * Vd <= LOSS_CHUNK_ELEMENTS``) instead of K steps x T rows x Vd kept until backward.
+chunk (``rows * Vd <= LOSS_CHUNK_ELEMENTS``, larger on CUDA) instead of K steps x T rows x Vd kept until backward.
 The values equal the unchunked loss up to float summation order (the CE of a row is computed whole).
 """
 
@@ -16,12 +16,16 @@ from torch.utils.checkpoint import checkpoint
 
 from eagle3.draft_trainer.model import EagleDraft
 
-LOSS_CHUNK_ELEMENTS = 1 << 23  # rows * vocab of one chunk (8 Mi elements: 32 MiB in fp32)
+LOSS_CHUNK_ELEMENTS = 1 << 23  # rows * vocab of one chunk off CUDA (8 Mi elements: 32 MiB in fp32)
+# On CUDA a chunk of 262 rows (Vd 32,000) leaves the GPU idle between small kernels and checkpoints;
+# 32 Mi elements (1,048 rows, ~0.6 GB of transient fp32 per chunk) keeps the matrix products large.
+CUDA_LOSS_CHUNK_ELEMENTS = 1 << 25
 
 
-def chunk_rows_for(vocab_size: int) -> int:
-    """Rows per chunk so that ``rows * vocab_size <= LOSS_CHUNK_ELEMENTS`` (at least 1)."""
-    return max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
+def chunk_rows_for(vocab_size: int, device: torch.device | None = None) -> int:
+    """Rows per chunk so that ``rows * vocab_size`` stays within the device's chunk size (at least 1)."""
+    cuda = device is not None and device.type == "cuda"
+    return max(1, (CUDA_LOSS_CHUNK_ELEMENTS if cuda else LOSS_CHUNK_ELEMENTS) // vocab_size)
 
 
 def _chunk(
@@ -44,7 +48,7 @@ def chunk_terms(
     """CE [m] and argmax hits ([m] bool: the draft's top token is the teacher's) of the ``m`` counted
     ``rows`` of ``prenorm`` [T, H], whose teacher rows of ``teacher_logp`` [T, Vd] / ``teacher_arg`` [T]
     are ``teacher_rows`` [m]."""
-    step = chunk_rows_for(teacher_logp.shape[-1])
+    step = chunk_rows_for(teacher_logp.shape[-1], prenorm.device)
     ces, hits = [], []
     for start in range(0, rows.shape[0], step):
         part, tpart = rows[start : start + step], teacher_rows[start : start + step]
