@@ -37,8 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     scaling.add_argument("--attention", default="blockwise,dense", help="auto, blockwise, flex, dense (comma list)")
     scaling.add_argument("--device", default="cpu")
     scaling.add_argument("--dense-max-gb", type=float, default=6.0)
-    scaling.add_argument("--loss-chunk", default="", help="CUDA loss-chunk elements to compare (comma list; "
-                         "default: draft_trainer/ttt_loss.py's CUDA_LOSS_CHUNK_ELEMENTS)")
+    scaling.add_argument(
+        "--loss-chunk",
+        default="",
+        help="CUDA loss-chunk elements to compare (comma list; "
+        "default: draft_trainer/ttt_loss.py's CUDA_LOSS_CHUNK_ELEMENTS)",
+    )
     scaling.add_argument("--profile", action="store_true", help="add the top ops of one profiled step (CUDA)")
     scaling.add_argument("--one", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -148,7 +148,8 @@ def _profile(step: Any, cuda: bool, top: int = 25) -> dict[str, Any]:
     busy_us = sum(getattr(e, key) for e in events)
     ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
     return {"wall_s": round(wall_s, 3), "self_time_total_s": round(busy_us / 1e6, 3),
-            "top": [{"op": e.key[:80], "calls": e.count, "self_ms": round(getattr(e, key) / 1e3, 1)} for e in ranked]}  # fmt: skip
+            "top": [{"op": e.key[:80], "calls": e.count, "self_ms": round(getattr(e, key) / 1e3, 1)}
+                    for e in ranked]}  # fmt: skip
 
 
 def _dense_gb(shape: str, tokens: int) -> float:

@@ -117,6 +117,13 @@ def add_trainer_commands(sub: Any) -> None:
         "fraction: training's distribution, never trained on) instead of prompts absent from --features",
     )
     p.add_argument("--engine", choices=("eagle3", "vllm"), default="eagle3", help="decoder (default eagle3)")
+    vllm = p.add_argument_group("--engine vllm: the engines' settings (both engines, with and without the draft)")
+    vllm.add_argument("--tensor-parallel-size", type=positive_int, default=1, help="GPUs per engine (default 1)")
+    vllm.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                      help="any vLLM EngineArgs field, VALUE as JSON (e.g. quantization=fp8), repeatable")  # fmt: skip
+    vllm.add_argument("--engine-args-json", default=None, metavar="JSON", help="a JSON object of EngineArgs fields")
+    vllm.add_argument("--kv-cache-gib", type=float, default=1.0,
+                      help="KV cache per engine, GiB (default 1; 0: vLLM sizes it)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--same-sequences", action="store_true",
@@ -172,12 +179,18 @@ def run_eval(args: argparse.Namespace) -> int:
     from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts
 
     if args.engine == "vllm":
+        from eagle3.core.engine_args import EngineArgsError, parse_engine_args
         from eagle3.core.models import resolve_model_dir
-        from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm
+        from eagle3.draft_trainer.evaluate_vllm import VllmEvalError, evaluate_vllm
 
+        try:
+            engine_args = parse_engine_args(args.engine_arg, args.engine_args_json)
+        except EngineArgsError as exc:
+            raise VllmEvalError(str(exc)) from None
         prompts = heldout_prompts(args.prepared, args.features, args.n_prompts, args.heldout_fraction)
         report = evaluate_vllm(args.export, resolve_model_dir(args.model), prompts, k=args.k,
-                               max_new_tokens=args.max_new_tokens)  # fmt: skip
+                               max_new_tokens=args.max_new_tokens, tensor_parallel_size=args.tensor_parallel_size,
+                               engine_args=engine_args, kv_cache_gib=args.kv_cache_gib or None)  # fmt: skip
         print(json.dumps(report.to_json()) if args.json else report.format_text())
         return 0
     result = evaluate(args.export, prepared=args.prepared, features=args.features, model=args.model, k=args.k,

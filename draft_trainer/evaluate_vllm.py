@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.engine_args import EngineArgsError, check_engine_args
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory holding ``draft_trainer``
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
 METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -162,8 +164,14 @@ def first_difference(want: Sequence[Sequence[int]], got: Sequence[Sequence[int]]
     return None
 
 
+# EngineArgs the evaluation sets itself: the two engines must differ only by the draft
+OWNED_ENGINE_ARGS = ("model", "tokenizer", "speculative_config")
+
+
 def _engine_request(model_dir: Path, export_dir: Path | None, k: int, dtype: str, max_model_len: int,
-                    kv_cache_gib: float | None, enforce_eager: bool) -> dict[str, Any]:  # fmt: skip
+                    kv_cache_gib: float | None, enforce_eager: bool, tensor_parallel_size: int = 1,
+                    engine_args: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``vllm.LLM`` keyword arguments of one engine; ``engine_args`` (checked by ``evaluate_vllm``) go last."""
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "dtype": dtype,
@@ -172,12 +180,27 @@ def _engine_request(model_dir: Path, export_dir: Path | None, k: int, dtype: str
         "enable_prefix_caching": False,
         "disable_log_stats": False,
         "seed": 0,
+        "tensor_parallel_size": tensor_parallel_size,
     }
     if kv_cache_gib is not None:
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
     if export_dir is not None:
         kwargs["speculative_config"] = {"method": "eagle3", "model": str(export_dir), "num_speculative_tokens": k}
+    kwargs.update(engine_args or {})
     return kwargs
+
+
+def check_eval_engine_args(engine_args: dict[str, Any]) -> None:
+    """Each pass-through argument must be a field of this vLLM's ``EngineArgs`` and not one the
+    evaluation sets itself; raises ``VllmEvalError`` naming the key (imports vllm)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        check_engine_args(engine_args, (f.name for f in dataclasses.fields(EngineArgs)), OWNED_ENGINE_ARGS)
+    except EngineArgsError as exc:
+        raise VllmEvalError(str(exc)) from None
 
 
 def run_engine(llm_kwargs: dict[str, Any], prompt_ids: list[list[int]], max_new_tokens: int, ignore_eos: bool,
@@ -240,10 +263,14 @@ def evaluate_vllm(
     require_identical: bool = True,
     log_dir: str | Path | None = None,
     timeout_s: float = 900.0,
+    tensor_parallel_size: int = 1,
+    engine_args: dict[str, Any] | None = None,
 ) -> VllmSpecReport:
     """Greedy vLLM without and with the eagle3 draft at ``export_dir`` on the same prompts; see the
     module docstring for what the report guarantees. ``kv_cache_gib=None`` lets vLLM size the cache
-    (CUDA: ``gpu_memory_utilization``). Raises ``VllmOutputMismatchError`` when the outputs differ
+    (CUDA: ``gpu_memory_utilization``). ``tensor_parallel_size`` and ``engine_args`` (any other
+    ``EngineArgs`` field: quantization, expert parallel, trust_remote_code, ...) apply to both engines.
+    Raises ``VllmOutputMismatchError`` when the outputs differ
     (with ``require_identical``), ``VllmEvalError`` for anything else that stops the run."""
     export_path, model_path = Path(export_dir), Path(model_dir)
     check_export_dir(export_path)
@@ -251,13 +278,16 @@ def evaluate_vllm(
         raise VllmEvalError(f"k (num_speculative_tokens) must be >= 1, got {k}")
     if max_new_tokens < 1:
         raise VllmEvalError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if tensor_parallel_size < 1:
+        raise VllmEvalError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    check_eval_engine_args(engine_args or {})
     prompt_ids = render_prompts(model_path, prompts)
     too_long = [i for i, p in enumerate(prompt_ids) if len(p) + max_new_tokens > max_model_len]
     if too_long:
         raise VllmEvalError(f"prompts {too_long[:5]} exceed max_model_len {max_model_len} with {max_new_tokens} new")
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="eagle3-vllm-eval-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
-    common = (k, dtype, max_model_len, kv_cache_gib, enforce_eager)
+    common = (k, dtype, max_model_len, kv_cache_gib, enforce_eager, tensor_parallel_size, engine_args)
     base = run_engine(_engine_request(model_path, None, *common), prompt_ids, max_new_tokens, ignore_eos,
                       logs / "vllm_baseline.log", timeout_s)  # fmt: skip
     spec = run_engine(_engine_request(model_path, export_path, *common), prompt_ids, max_new_tokens, ignore_eos,

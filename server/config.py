@@ -7,8 +7,8 @@ import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from eagle3.core.engine_args import EngineArgsError, parse_engine_args
 from eagle3.core.knobs import Knob, KnobError, knob
 from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol.wire import REQUEST_CODECS
@@ -151,23 +151,10 @@ class ServerSettings:
     @property
     def vllm_options(self) -> VllmOptions:
         """The vllm backend's typed options (pass-through engine arguments checked against vLLM at load)."""
-        engine_args: dict[str, Any] = {}
-        if self.engine_args_json:
-            try:
-                parsed = json.loads(self.engine_args_json)
-            except json.JSONDecodeError as exc:
-                raise SettingsError(f"--engine-args-json: not valid JSON ({exc.msg})") from None
-            if not isinstance(parsed, dict):
-                raise SettingsError("--engine-args-json: expected a JSON object {field: value}")
-            engine_args.update(parsed)
-        for item in self.engine_arg:
-            key, sep, text = item.partition("=")
-            if not sep or not key.strip():
-                raise SettingsError(f"--engine-arg {item!r}: expected KEY=VALUE, e.g. enable_expert_parallel=true")
-            try:
-                engine_args[key.strip().replace("-", "_")] = json.loads(text)
-            except json.JSONDecodeError:
-                engine_args[key.strip().replace("-", "_")] = text  # a bare string such as a quantization name
+        try:
+            engine_args = parse_engine_args(self.engine_arg, self.engine_args_json)
+        except EngineArgsError as exc:
+            raise SettingsError(str(exc)) from None
         return VllmOptions(
             kv_cache_gib=self.kv_cache_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,

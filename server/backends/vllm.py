@@ -29,7 +29,6 @@ Every returned sample is checked before it leaves: its token ids equal the reque
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import logging
 import os
@@ -42,6 +41,7 @@ from typing import Any
 
 import torch
 
+from eagle3.core.engine_args import EngineArgsError, check_engine_args
 from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
 from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_tag, remove_stale_dirs
 from eagle3.server.backends.hf import DTYPES
@@ -100,15 +100,11 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
     if opts.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
-    owned = sorted(set(opts.engine_args) & set(OWNED_ENGINE_ARGS))
-    if owned:
-        raise BackendError(f"--engine-arg {owned}: set by the vllm backend itself and cannot be overridden")
-    if known_fields is not None:
-        unknown = sorted(set(opts.engine_args) - known_fields)
-        if unknown:
-            close = {k: difflib.get_close_matches(k, sorted(known_fields), n=1) for k in unknown}
-            hints = ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
-            raise BackendError(f"--engine-arg: unknown vLLM EngineArgs field(s) {hints}")
+    try:
+        check_engine_args(opts.engine_args, opts.engine_args if known_fields is None else known_fields,
+                          OWNED_ENGINE_ARGS)  # fmt: skip
+    except EngineArgsError as exc:
+        raise BackendError(str(exc)) from None
     kwargs.update(opts.engine_args)
     return kwargs
 

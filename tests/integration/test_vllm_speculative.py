@@ -118,8 +118,16 @@ def test_vllm_greedy_with_eagle3_draft_equals_without(smollm2_dir: Path, tmp_pat
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
     loops: list[Any] = [[tokenizer(t, add_special_tokens=False)["input_ids"][0]] * 20 for t in LOOP_TOKENS]
     prompts: list[Any] = [[{"role": "user", "content": q}] for q in QUESTIONS] + loops
-    report = evaluate_vllm(export_dir, smollm2_dir, prompts, k=K, max_new_tokens=MAX_NEW_TOKENS,
-                           ignore_eos=True, log_dir=tmp_path / "logs")  # fmt: skip
+    report = evaluate_vllm(
+        export_dir,
+        smollm2_dir,
+        prompts,
+        k=K,
+        max_new_tokens=MAX_NEW_TOKENS,
+        ignore_eos=True,
+        log_dir=tmp_path / "logs",
+        engine_args={"max_num_seqs": 8},
+    )  # fmt: skip  (pass-through: both engines accept it)
     print(report.format_text())
 
     assert report.outputs_identical and report.first_mismatch is None

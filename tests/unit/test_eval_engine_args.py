@@ -1,0 +1,57 @@
+"""``eagle3 eval --engine vllm`` takes the same engine settings as ``eagle3 serve --backend vllm``:
+tensor parallel size and any ``EngineArgs`` field, checked against the installed vLLM before an
+engine starts (core/engine_args.py, draft_trainer/evaluate_vllm.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle3.cli import main
+from eagle3.core.engine_args import EngineArgsError, check_engine_args, parse_engine_args
+from eagle3.draft_trainer.evaluate_vllm import VllmEvalError, _engine_request, check_eval_engine_args
+
+
+def test_parse_merges_json_then_items_with_typed_values() -> None:
+    args = parse_engine_args(["max-num-seqs=8", "quantization=fp8", "enable_expert_parallel=true"],
+                             '{"max_num_seqs": 4, "swap_space": 2}')  # fmt: skip
+    assert args == {"max_num_seqs": 8, "quantization": "fp8", "enable_expert_parallel": True, "swap_space": 2}
+    with pytest.raises(EngineArgsError, match="expected KEY=VALUE"):
+        parse_engine_args(["max_num_seqs"])
+    with pytest.raises(EngineArgsError, match="expected a JSON object"):
+        parse_engine_args([], "[1]")
+
+
+def test_check_names_unknown_and_owned_keys() -> None:
+    with pytest.raises(EngineArgsError, match=r"'max_num_seq' \(did you mean 'max_num_seqs'\?\)"):
+        check_engine_args({"max_num_seq": 1}, ["max_num_seqs", "dtype"])
+    with pytest.raises(EngineArgsError, match=r"\['model'\]: set by eagle3 itself"):
+        check_engine_args({"model": "x"}, ["model"], owned=("model",))
+    check_engine_args({"dtype": "float32"}, ["max_num_seqs", "dtype"])  # a valid one passes
+
+
+def test_eval_checks_against_the_installed_vllm() -> None:
+    pytest.importorskip("vllm")
+    check_eval_engine_args({"max_num_seqs": 8, "enable_expert_parallel": False})
+    with pytest.raises(VllmEvalError, match="did you mean 'max_num_seqs'"):
+        check_eval_engine_args({"max_num_seq": 8})
+    with pytest.raises(VllmEvalError, match="speculative_config"):
+        check_eval_engine_args({"speculative_config": {}})
+
+
+def test_both_engines_get_the_same_settings_and_differ_only_by_the_draft(tmp_path: Path) -> None:
+    common = (4, "bfloat16", 2048, 1.0, True, 2, {"max_num_seqs": 8, "quantization": "fp8"})
+    base = _engine_request(tmp_path / "verifier", None, *common)
+    spec = _engine_request(tmp_path / "verifier", tmp_path / "export", *common)
+    assert base["tensor_parallel_size"] == 2 and base["max_num_seqs"] == 8 and base["quantization"] == "fp8"
+    assert {k: v for k, v in spec.items() if k != "speculative_config"} == base
+    assert spec["speculative_config"] == {"method": "eagle3", "model": str(tmp_path / "export"),
+                                          "num_speculative_tokens": 4}  # fmt: skip
+
+
+def test_cli_rejects_a_malformed_engine_arg_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["eval", str(tmp_path / "export"), "--prepared", str(tmp_path / "p"), "--engine", "vllm",
+                 "--engine-arg", "max_num_seqs"])  # fmt: skip
+    assert code == 1
+    assert "--engine-arg 'max_num_seqs': expected KEY=VALUE" in capsys.readouterr().err
