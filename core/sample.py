@@ -65,6 +65,13 @@ class ExtractedSample:
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
 
+    def as_bfloat16(self) -> NDArray:
+        """numpy ``ml_dtypes.bfloat16 [n, L, H]`` sharing memory with ``hidden_states_bf16`` (no copy):
+        real bf16 numbers in numpy, for code that has no torch (``.astype(np.float32)`` widens exactly)."""
+        import ml_dtypes
+
+        return np.asarray(self.hidden_states_bf16).view(ml_dtypes.bfloat16)
+
     def layer(self, layer_id: int) -> NDArray:
         """float32 [n, H] of one stored layer, by its id (an aux id or ``final_layer_id``)."""
         if layer_id not in self.layer_ids:

@@ -55,6 +55,9 @@ def test_extract_twice_the_servers_cap_in_requests_under_it(
         assert states.dtype == torch.bfloat16 and tuple(states.shape) == item.hidden_states_bf16.shape
         assert states.untyped_storage().data_ptr() == item.hidden_states_bf16.ctypes.data  # no copy
         np.testing.assert_array_equal(states.float().numpy(), item.hidden_states)
+        real = item.as_bfloat16()  # numpy bf16 (ml_dtypes), same memory, no torch needed
+        assert real.dtype.name == "bfloat16" and np.shares_memory(real, item.hidden_states_bf16)
+        np.testing.assert_array_equal(real.astype(np.float32), item.hidden_states)
 
 
 def test_a_missing_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
