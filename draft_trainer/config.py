@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from eagle3.draft_trainer.errors import ConfigError
+from eagle3.draft_trainer.trackers import parse_log_to
 
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 _ATTENTION = ("auto", "blockwise", "flex", "dense")  # draft_trainer/ttt_attention.py IMPLEMENTATIONS
@@ -70,6 +71,8 @@ class TrainConfig:
     init_from: str = ""  # warm start: a run directory or its draft/ (weights only)
     init_lm_head_from_verifier: bool = True  # lm_head rows = the verifier's rows of the draft vocab
     progress: bool = True
+    log_to: str = ""  # experiment trackers besides metrics.jsonl: "tensorboard", "wandb" or both (comma list)
+    wandb_project: str = "eagle3"
 
     def __post_init__(self) -> None:
         positive = ("ttt_steps", "max_batch_tokens", "grad_accum_steps", "epochs", "torch_threads")
@@ -82,6 +85,7 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not _DEVICE_RE.fullmatch(self.device):
             raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        parse_log_to(self.log_to)  # unknown names and missing packages fail before any step
         if self.attention not in _ATTENTION:
             raise ConfigError(f"attention must be one of {', '.join(_ATTENTION)}, got {self.attention!r}")
 

@@ -40,6 +40,7 @@ from eagle3.draft_trainer.data import FeaturesData
 from eagle3.draft_trainer.errors import ConfigError, DataError
 from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
 from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
+from eagle3.draft_trainer.trackers import open_trackers, parse_log_to
 from eagle3.draft_trainer.ttt import (
     PackedBatch,
     Teacher,
@@ -297,6 +298,8 @@ def train(cfg: TrainConfig) -> RunResult:
     previous = signal.signal(signal.SIGTERM, stop) if _is_main_thread() else None
     started, tokens_seen = time.monotonic(), 0
     bar = ProgressBar("train", trainer.total_steps, unit="step", initial=trainer.step, enabled=main and cfg.progress)
+    names = parse_log_to(cfg.log_to) if main else ()
+    trackers = open_trackers(names, run_dir, cfg.wandb_project, json.loads(cfg.to_json()))
     try:
         while trainer.step < trainer.total_steps and not stop.requested:
             record = trainer.train_step()
@@ -306,24 +309,30 @@ def train(cfg: TrainConfig) -> RunResult:
                 record.update(trainer.evaluate_heldout())
             if main and (trainer.step % cfg.log_every_steps == 0 or evaluate_now):
                 _log(metrics, dict(record, epoch=(trainer.step - 1) // trainer.steps_per_epoch, time=time.time()))
+                for tracker in trackers:
+                    tracker.log(record, trainer.step)
             if main and cfg.progress:
                 _progress(bar, record, started, tokens_seen)
             if main and trainer.step % cfg.checkpoint_every_steps == 0:
                 save_checkpoint(run_dir, trainer.state())
+        if main:
+            save_checkpoint(run_dir, trainer.state())
+            save_draft(trainer.model, run_dir / DRAFT_DIR)
+        result = RunResult(run_dir, trainer.step, stop.requested, train_s=time.monotonic() - started)
+        if not stop.requested:
+            result.heldout = trainer.evaluate_heldout()
+            if main:
+                _log(metrics, dict(result.heldout, step=trainer.step, final=True, time=time.time()))
+                for tracker in trackers:
+                    tracker.log(result.heldout, trainer.step)
+                write_text_atomic(run_dir / "heldout.json", json.dumps(result.heldout, indent=2) + "\n")
+                _plot(run_dir)
     finally:
         bar.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    if main:
-        save_checkpoint(run_dir, trainer.state())
-        save_draft(trainer.model, run_dir / DRAFT_DIR)
-    result = RunResult(run_dir, trainer.step, stop.requested, train_s=time.monotonic() - started)
-    if not stop.requested:
-        result.heldout = trainer.evaluate_heldout()
-        if main:
-            _log(metrics, dict(result.heldout, step=trainer.step, final=True, time=time.time()))
-            write_text_atomic(run_dir / "heldout.json", json.dumps(result.heldout, indent=2) + "\n")
-            _plot(run_dir)
+        for tracker in trackers:
+            tracker.close()
     return result
 
 

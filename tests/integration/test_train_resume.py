@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ import torch
 
 from eagle3.draft_trainer.checkpoint import CHECKPOINT_FILE
 from eagle3.draft_trainer.config import load_config
+from eagle3.draft_trainer.errors import ConfigError
+from eagle3.draft_trainer.trackers import RUN_ID_FILE
 from eagle3.draft_trainer.train import METRICS_FILE, train
 from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
 from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
@@ -114,3 +117,63 @@ def test_every_epoch_trains_every_sample_once(setup: dict[str, str], tmp_path: P
             for pos in batch
         ]
         assert sorted(seen) == sorted(trainer.data.split.train), f"epoch {epoch}"
+
+
+def test_metrics_reach_tensorboard_and_wandb(
+    setup: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``log_to=tensorboard,wandb``: the records of metrics.jsonl reach TensorBoard's event files (read back
+    with its own reader) and a real offline W&B run (draft_trainer/trackers.py)."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    import wandb
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sent: list[tuple[int, dict[str, float]]] = []  # what reached the real (offline) wandb run's log()
+    real_init = wandb.init
+
+    def spying_init(*args: Any, **kwargs: Any) -> Any:
+        run = real_init(*args, **kwargs)
+        real_log = run.log
+
+        def log(data: dict[str, float], step: int) -> None:
+            sent.append((step, dict(data)))
+            real_log(data, step=step)
+
+        run.log = log  # type: ignore[method-assign,assignment]
+        return run
+
+    monkeypatch.setattr(wandb, "init", spying_init)
+    torch.set_num_threads(1)
+    run = tmp_path / "run"
+    cfg = load_config(None, dict(setup, out=str(run), max_steps="4", log_to="tensorboard,wandb"))
+    result = train(cfg)
+
+    records = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
+    losses = {r["step"]: r["loss"] for r in records if "loss" in r}
+    assert len(losses) == result.steps == 4
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("train/loss")}
+    assert logged.keys() == losses.keys()
+    assert all(abs(logged[s] - losses[s]) <= 1e-6 * max(1.0, abs(losses[s])) for s in losses)
+    assert "heldout/heldout_tau" in events.Tags()["scalars"]
+
+    run_id = (run / RUN_ID_FILE).read_text().strip()
+    (offline,) = (run / "wandb").glob(f"offline-run-*-{run_id}")
+    assert (offline / f"run-{run_id}.wandb").stat().st_size > 0  # wandb's own offline record of the run
+    assert [(step, data["loss"]) for step, data in sent if "loss" in data] == sorted(losses.items())
+    assert sent[-1][1]["heldout_tau"] == pytest.approx(result.heldout["heldout_tau"])  # the final record
+
+
+def test_unknown_or_missing_tracker_fails_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"unknown tracker 'mlflow' \(known: tensorboard, wandb\)"):
+        load_config(None, {"log_to": "mlflow"})
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match="log_to=wandb needs the wandb package: pip install wandb"):
+        load_config(None, {"log_to": "wandb"})
