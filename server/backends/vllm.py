@@ -109,6 +109,12 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
     return kwargs
 
 
+def all_finite(states: torch.Tensor) -> bool:
+    """No NaN or inf in ``states``: min and max in one pass (both propagate NaN), 20x faster on CPU than
+    ``isfinite(states).all()`` over bf16 (1,024 x 4 x 4,096: 21 against 451 ms on one core, bench/handover.py)."""
+    return states.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(states))).all())
+
+
 def engine_arg_fields() -> set[str]:
     """The field names of this vLLM's ``EngineArgs`` (imports vllm)."""
     import dataclasses
@@ -268,7 +274,7 @@ class VllmBackend:
             raise BackendError(f"sample {index}: vLLM recorded other token ids than the request's")
         if hidden.dtype != DTYPES[info.dtype]:
             raise BackendError(f"sample {index}: vLLM states are {hidden.dtype}, expected {info.dtype}")
-        if not bool(torch.isfinite(hidden).all()):
+        if not all_finite(hidden):
             raise BackendError(f"sample {index}: vLLM states contain NaN or inf")
         return hidden.contiguous()  # [T, L+1, H]
 
