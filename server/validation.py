@@ -3,12 +3,14 @@ lengths, unique sample ids, token caps). Every failure is an ``ApiError`` naming
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from eagle3.core.conversations import Message, RowError
 from eagle3.core.masking import ChatTokenizer, TemplateError
 from eagle3.core.protocol.limits import MAX_REQUEST_ID_BYTES, sample_id_bytes, sample_id_problem
-from eagle3.core.protocol.wire import CACHE_MODES, REQUEST_CODECS
+from eagle3.core.protocol.wire import REQUEST_CODECS
 from eagle3.server.chat_limits import ChatLimits
 from eagle3.server.errors import ApiError
 from eagle3.server.scheduler import Sample
@@ -33,14 +35,9 @@ class ExtractRequest(BaseModel):
     samples: list[SampleIn] = Field(min_length=1)
     codec: StrictStr | None = None  # one of eagle3.core.protocol.wire.REQUEST_CODECS (auto: the server picks)
     zstd_level: StrictInt = Field(default=1, ge=1, le=19)
-    cache: StrictStr = "use"  # "use": served from the feature cache when present; "bypass": always computed
-
-    @field_validator("cache")
-    @classmethod
-    def _known_cache_mode(cls, value: str) -> str:
-        if value not in CACHE_MODES:
-            raise ValueError(f"unknown cache mode {value!r}; choose one of {', '.join(CACHE_MODES)}")
-        return value
+    # "use": served from the feature cache when present (and stored); "bypass": computed, neither read nor
+    # stored (eagle3.core.protocol.wire.CACHE_MODES)
+    cache: Literal["use", "bypass"] = "use"
 
     @field_validator("codec")
     @classmethod
