@@ -15,7 +15,7 @@ BULK_TAG, NOTEBOOK_TAG = 1, 2
 
 def make(backend: FakeBackend, interactive_max_tokens: int) -> Scheduler:
     sched = Scheduler(
-        backend.extract,  # type: ignore[arg-type]
+        backend.extract,
         max_batch_tokens=40,
         max_inflight_tokens=100_000,
         max_tenant_inflight_tokens=50_000,
