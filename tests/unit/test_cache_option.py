@@ -19,14 +19,14 @@ def test_repeats_skip_the_backend_and_bypass_reaches_it(tmp_path: Path) -> None:
     with TestClient(create_app(settings(), backend)) as http:
         wait_for(http, "ready")
         samples = [{"id": "a", "input_ids": [5, 6, 7]}, {"id": "b", "input_ids": [8, 9]}]
-        with ExtractionClient("http://testserver", http_client=http) as client:
+        with ExtractionClient("http://testserver", http_client=http) as client:  # type: ignore[arg-type]
             assert client.info().cache_on and client.info().interactive_max_tokens == 2048
             n_calls = len(backend.calls)
             first = {s.sample_id: s.hidden_states_bf16.tobytes() for s in client.extract(samples)}
             assert len(backend.calls) == n_calls + 1
             again = {s.sample_id: s.hidden_states_bf16.tobytes() for s in client.extract(samples)}
             assert len(backend.calls) == n_calls + 1 and again == first
-        with ExtractionClient("http://testserver", http_client=http, cache="bypass") as bypass:
+        with ExtractionClient("http://testserver", http_client=http, cache="bypass") as bypass:  # type: ignore[arg-type]
             fresh = {s.sample_id: s.hidden_states_bf16.tobytes() for s in bypass.extract(samples)}
             assert len(backend.calls) == n_calls + 2 and fresh == first
         metrics = http.get("/metrics").text
