@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -39,8 +40,9 @@ import torch
 import xxhash
 
 from eagle3.server.backends.base import BackendInfo
-from eagle3.server.cache_disk import DiskTier
+from eagle3.server.cache_disk import DTYPE_NAMES, DiskTier
 
+logger = logging.getLogger(__name__)
 ENTRY_OVERHEAD_BYTES = 256  # bookkeeping per memory entry, counted against the limit
 ENGINE_PACKAGES = {"hf": ("torch", "transformers"), "vllm": ("torch", "vllm"), "synthetic": ("torch",)}
 Output = tuple[Any, dict[str, Any] | None]  # (states, None) or (None, error): the scheduler's per-sample result
@@ -127,7 +129,16 @@ class FeatureCache:
         return digest.digest(), ids
 
     def get(self, key: bytes, ids: np.ndarray) -> torch.Tensor | None:
-        """The states of ``ids`` (memory, else disk, promoted to memory), or None."""
+        """The states of ``ids`` (memory, else disk, promoted to memory), or None. Never raises: a fault
+        of the cache is a miss (it runs on the scheduler thread, which must not die)."""
+        try:
+            return self._get(key, ids)
+        except Exception:
+            logger.exception("feature cache: lookup failed; computing the sample")
+            self.stats.misses += 1
+            return None
+
+    def _get(self, key: bytes, ids: np.ndarray) -> torch.Tensor | None:
         with self._lock:
             entry = self._memory.get(key)
             if entry is not None:
@@ -144,13 +155,20 @@ class FeatureCache:
         self._remember(key, ids, states)
         return states
 
-    def put(self, key: bytes, ids: np.ndarray, states: torch.Tensor) -> torch.Tensor:
-        """Store the backend's ``states`` for ``ids``; returns the tensor to use (the cache's own copy)."""
-        states = owned(states)
-        self._remember(key, ids, states)
-        if self.disk is not None:
-            self.disk.put(key.hex(), ids, states)
-        return states
+    def put(self, key: bytes, ids: np.ndarray, states: Any) -> Any:
+        """Store the backend's ``states`` for ``ids``; returns what to send (the cache's own copy). Never
+        raises: what is not a CPU tensor of a known dtype, or a fault of the cache, is just not stored."""
+        if not isinstance(states, torch.Tensor) or states.device.type != "cpu" or states.dtype not in DTYPE_NAMES:
+            return states
+        try:
+            kept = owned(states)
+            self._remember(key, ids, kept)
+            if self.disk is not None:
+                self.disk.put(key.hex(), ids, kept)
+        except Exception:
+            logger.exception("feature cache: storing a sample failed; it is served uncached")
+            return states
+        return kept
 
     def _remember(self, key: bytes, ids: np.ndarray, states: torch.Tensor) -> None:
         size = states.numel() * states.element_size() + ids.nbytes + ENTRY_OVERHEAD_BYTES

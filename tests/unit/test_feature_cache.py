@@ -219,3 +219,16 @@ def test_views_of_a_batch_tensor_are_copied_not_pinned() -> None:
     key, arr = cache.key([1] * 6)
     kept = cache.put(key, arr, batch[1, :6])
     assert kept.untyped_storage().nbytes() == 6 * LAYERS * HIDDEN * 2
+
+
+def test_what_the_cache_cannot_store_passes_through_and_a_broken_tier_is_a_miss(tmp_path: Path) -> None:
+    """The lookup runs on the scheduler thread: nothing the cache does may raise there."""
+    cache = disk_cache(tmp_path, memory_bytes=1 << 20)
+    sample = Sample(0, "a", [1, 2], [0, 0])
+    outputs, _ = compute_with_cache(cache, [sample], [True], lambda s: [("not a tensor", None)])
+    assert outputs == [("not a tensor", None)] and cache.memory_bytes == 0
+    tier = cache.disk
+    assert tier is not None
+    tier.get = None  # type: ignore[assignment,method-assign]  # any fault inside the disk tier
+    assert cache.get(*cache.key([7, 7])) is None and cache.stats.misses == 2
+    tier.close()
