@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/cache_repeat.py                 # SmolLM2 (hf, bf16), 64 chatterbot samples, ~3 min here
     .venv/bin/python bench/cache_repeat.py --data mixed    # longer multi-turn samples (~40-500 tokens)
+    .venv/bin/python bench/cache_repeat.py --backend synthetic --rounds 6   # SmolLM2-shaped states at a fixed
+        # simulated forward speed (--synthetic-tokens-per-s): the cache's own cost without the CPU's noise
 
 Two live ``eagle3 serve`` processes on the embedded SmolLM2 (hf backend, the server's defaults): ``on``
 with a disk tier (``--cache-dir``) next to its default memory tier, ``off`` with no cache
@@ -69,6 +71,7 @@ def timed_extract(prepared: Path, out: Path, url: str) -> float:
     elapsed = time.perf_counter() - started
     if summary.n_failed:
         raise SystemExit(f"{summary.n_failed} samples failed")
+    print(json.dumps({"step": out.name, "wall_s": round(elapsed, 3)}), file=sys.stderr, flush=True)  # progress
     return elapsed
 
 
@@ -102,6 +105,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64, help="samples per extraction")
     parser.add_argument("--rounds", type=int, default=4, help="cold rounds per server for the cost figure")
     parser.add_argument("--data", choices=("chatterbot", "mixed"), default="chatterbot")
+    parser.add_argument("--backend", choices=("hf", "synthetic"), default="hf")
+    parser.add_argument("--synthetic-tokens-per-s", type=float, default=2000.0, help="synthetic: forward speed")
     args = parser.parse_args()
     model_dir = resolve_model_dir(args.model)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-cache-") as tmp_name:
@@ -109,7 +114,10 @@ def main() -> None:
         sources = BUILTIN_CHATTERBOT if args.data == "chatterbot" else [str(mixed_conversations(tmp / "mixed.jsonl"))]
         prepare_dataset(sources, tmp / "full", model=str(model_dir), config=PrepareConfig())
         data = blocks(tmp / "full", tmp / "blocks", 1 + args.rounds, args.samples)
-        base = ["--model", str(model_dir), "--backend", "hf"]
+        base = ["--model", str(model_dir), "--backend", args.backend]
+        if args.backend == "synthetic":  # SmolLM2's shape: 30 layers (4 taps), hidden 576
+            base += ["--synthetic-hidden-size", "576", "--synthetic-num-layers", "30",
+                     "--synthetic-tokens-per-s", str(args.synthetic_tokens_per_s)]  # fmt: skip
         on_args = [*base, "--cache-dir", str(tmp / "cache")]
         on = server(on_args, tmp / "on.log")
         off = server([*base, "--cache-memory-mb", "0"], tmp / "off.log")
@@ -141,7 +149,8 @@ def main() -> None:
         off_total = sum(r["off_s"] for r in rounds)
         result = {
             "model": str(args.model),
-            "backend": "hf",
+            "backend": args.backend,
+            "synthetic_tokens_per_s": args.synthetic_tokens_per_s if args.backend == "synthetic" else None,
             "data": args.data,
             "repeat": {
                 "n_samples": args.samples,
