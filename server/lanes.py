@@ -14,7 +14,8 @@ towards its tenant's tokens scheduled, and a request is eligible only while its 
 ``slack_tokens`` (one forward pass) ahead of the least-served active tenant. A tenant that floods the
 server with small requests is soon that far ahead; its requests then wait for ordinary passes, where
 the least-served tenant goes first. A tenant that becomes active starts level with the least-served
-one, so a notebook that asks now and then is always eligible.
+one, so a notebook that asks now and then is always eligible. A tenant's small request may overtake
+its own older bulk request (FIFO holds within a lane).
 """
 
 from __future__ import annotations
