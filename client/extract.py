@@ -54,6 +54,7 @@ LOADING_RETRY_AFTER_S = 5  # the server's Retry-After while loading: retries of 
 @dataclass(frozen=True)
 class ExtractConfig:
     codec: str | None = None  # None: the server's default_codec
+    cache: str | None = None  # "bypass": the server computes every sample (not from its feature cache)
     request_tokens: int = 65536  # per /v1/extract request (capped by the server's max_request_tokens)
     requests_per_server: int = 2  # in flight at once per server URL: the server computes while we decode
     shard_mb: float = DEFAULT_SHARD_MB  # shard size target on disk
@@ -235,7 +236,15 @@ def _run(
     if config.requests_per_server < 1:
         raise ValueError(f"requests_per_server must be at least 1, got {config.requests_per_server}")
     clients = [
-        ExtractionClient(url, api_key, timeout_s=config.timeout_s, max_retries=1, transport=transport, sleep=sleep)
+        ExtractionClient(
+            url,
+            api_key,
+            timeout_s=config.timeout_s,
+            max_retries=1,
+            transport=transport,
+            sleep=sleep,
+            cache=config.cache,
+        )  # fmt: skip
         for url in urls
         for _ in range(config.requests_per_server)
     ]

@@ -64,6 +64,8 @@ def add_extract_command(sub: Any) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N prepared samples")
     p.add_argument("--verify", action="store_true", help="check the checksum of every shard already written first")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--no-cache", action="store_true", help="the server computes every sample (bypasses its "
+                   "feature cache; for checks that must see the verifier run)")  # fmt: skip
     p.set_defaults(func=run_extract)
 
 
@@ -83,6 +85,7 @@ def run_extract(args: argparse.Namespace) -> int:
         limit=args.limit,
         verify=args.verify,
         progress=False if args.no_progress else None,
+        cache="bypass" if args.no_cache else None,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
     previous = signal.signal(signal.SIGTERM, _terminate)

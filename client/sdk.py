@@ -55,7 +55,7 @@ from eagle3.core.protocol.frames import (
 )
 from eagle3.core.protocol.limits import sample_id_problem
 from eagle3.core.protocol.prepared import PreparedSample
-from eagle3.core.protocol.wire import ServerInfo
+from eagle3.core.protocol.wire import CACHE_MODES, ServerInfo
 from eagle3.core.sample import ExtractedSample
 
 logger = logging.getLogger(__name__)
@@ -188,10 +188,13 @@ class ExtractionClient:
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        cache: str | None = None,
     ) -> None:
         """``urls``: one server or several; default ``$EAGLE3_SERVER_URL`` (comma-separated). ``api_key``:
         default ``$EAGLE3_API_KEY``. ``http_client``: an ``httpx.Client`` of yours (proxies, TLS, event
-        hooks, or a ``fastapi.testclient.TestClient``); it is used as is and not closed by ``close()``."""
+        hooks, or a ``fastapi.testclient.TestClient``); it is used as is and not closed by ``close()``.
+        ``cache``: ``"bypass"`` asks the server to compute every sample (not served from nor stored in
+        its feature cache); None or ``"use"``: the server's cache serves repeats."""
         if urls is None:
             urls = [u.strip() for u in os.environ.get(SERVER_URL_ENV, "").split(",") if u.strip()]
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else list(urls))]
@@ -200,6 +203,9 @@ class ExtractionClient:
             raise ValueError(f"ExtractionClient needs a server URL: pass urls=... or set {SERVER_URL_ENV}")
         self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         self.max_retries = max_retries
+        if cache not in (None, *CACHE_MODES):
+            raise ValueError(f"cache must be one of {', '.join(CACHE_MODES)}, got {cache!r}")
+        self.cache = cache
         self.max_retry_after_s = max_retry_after_s
         self.wire_bytes = 0  # bytes of frame streams received (all calls; read it for MB/s)
         # seconds per client stage, all calls: receive (waiting on the socket), verify (framing + checksums),
@@ -407,6 +413,8 @@ class ExtractionClient:
         body: dict[str, Any] = {"samples": requests}
         if codec is not None:
             body["codec"] = codec
+        if self.cache is not None:
+            body["cache"] = self.cache
         request_id = uuid.uuid4().hex
         try:
             with self._http.stream("POST", url + "/v1/extract", json=body, headers=self._headers(request_id)) as resp:

@@ -78,10 +78,21 @@ class ServerSettings:
     link_mb_s: float = knob(1250.0, "codec auto: the network's MB/s (10 Gb/s); server/codec_choice.py")
     encoder_threads: int | None = knob(None, "threads that encode frames; default one per CPU core")
     stream_chunk_bytes: int = knob(2 << 20, "MiB per HTTP body write", flag="--stream-chunk-mb", scale=2**20)
+    # feature cache (server/feature_cache.py) and the interactive lane (server/lanes.py)
+    cache_memory_bytes: int = knob(1 << 30, "MiB of extracted samples kept in memory for repeats (0: no memory tier)",
+                                   flag="--cache-memory-mb", scale=2**20)  # fmt: skip
+    cache_dir: str | None = knob(None, "directory of the feature cache's disk tier (survives restarts; may be "
+                                 "shared by several servers)")  # fmt: skip
+    cache_disk_bytes: int = knob(16 << 30, "GiB the disk tier may hold (least recently used entries go first)",
+                                 flag="--cache-gb", scale=2**30)  # fmt: skip
+    interactive_max_tokens: int = knob(2048, "requests of at most this many tokens go to the interactive lane, "
+                                       "a forward pass of their own ahead of bulk work (0: no lane)")  # fmt: skip
     # synthetic backend (benchmarks and tests only)
     synthetic_hidden_size: int = knob(4096, "synthetic backend: the states' hidden size")
     synthetic_num_hidden_layers: int = knob(32, "synthetic backend: N (aux ids default to 2, N//2, N-3)",
                                             flag="--synthetic-num-layers")  # fmt: skip
+    synthetic_tokens_per_s: float | None = knob(None, "synthetic backend: a simulated forward pass of this many "
+                                                "tokens per second (default: memory speed)")  # fmt: skip
     # network, keys, lifecycle
     host: str = knob("127.0.0.1", "address to bind")
     port: int = knob(8000, "0 picks a free port (printed on stderr)")
@@ -137,6 +148,13 @@ class ServerSettings:
             raise SettingsError(f"--kv-cache-gib must be positive, got {self.kv_cache_gib}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise SettingsError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.cache_memory_bytes < 0 or self.cache_disk_bytes <= 0 or self.interactive_max_tokens < 0:
+            raise SettingsError(
+                f"--cache-memory-mb and --interactive-max-tokens must be >= 0 and --cache-gb > 0, got "
+                f"{self.cache_memory_bytes / 2**20:g}, {self.interactive_max_tokens}, {self.cache_disk_bytes / 2**30:g}"
+            )
+        if self.synthetic_tokens_per_s is not None and self.synthetic_tokens_per_s <= 0:
+            raise SettingsError(f"--synthetic-tokens-per-s must be positive, got {self.synthetic_tokens_per_s}")
         if self.link_mb_s <= 0:
             raise SettingsError(f"--link-mb-s must be positive, got {self.link_mb_s}")
         if self.dtype not in ("bfloat16", "float32"):
@@ -164,7 +182,14 @@ class ServerSettings:
 
     @property
     def synthetic_options(self) -> SyntheticOptions:
-        return SyntheticOptions(self.synthetic_hidden_size, self.synthetic_num_hidden_layers)
+        return SyntheticOptions(
+            self.synthetic_hidden_size, self.synthetic_num_hidden_layers, tokens_per_s=self.synthetic_tokens_per_s
+        )
+
+    @property
+    def cache_on(self) -> bool:
+        """The feature cache is on when either tier has room."""
+        return self.cache_memory_bytes > 0 or self.cache_dir is not None
 
     @property
     def request_token_cap(self) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
@@ -48,11 +48,21 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("stage",),
     ),
 }
-HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
-    "eagle3_batch_fill_ratio": ("Tokens per forward pass over max_batch_tokens", FILL_BUCKETS),
-    "eagle3_queue_wait_seconds": ("Admission to the request's first sample entering a forward pass", WAIT_BUCKETS_S),
-    "eagle3_time_to_first_sample_seconds": ("Admission to the request's first sample streamed", WAIT_BUCKETS_S),
-    "eagle3_request_duration_seconds": ("Admission to the end of the request's stream", DURATION_BUCKETS_S),
+LANE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+HISTOGRAMS: dict[str, tuple[str, tuple[float, ...], tuple[str, ...]]] = {
+    "eagle3_batch_fill_ratio": ("Tokens per forward pass over max_batch_tokens", FILL_BUCKETS, ()),
+    "eagle3_queue_wait_seconds": (
+        "Admission to the request's first sample entering a forward pass",
+        WAIT_BUCKETS_S,
+        (),
+    ),  # fmt: skip
+    "eagle3_time_to_first_sample_seconds": (
+        "Admission to the request's first sample streamed, per lane (interactive: requests of at most "
+        "--interactive-max-tokens tokens; bulk: the rest)",
+        LANE_BUCKETS_S,
+        ("lane",),
+    ),
+    "eagle3_request_duration_seconds": ("Admission to the end of the request's stream", DURATION_BUCKETS_S, ()),
 }
 
 
@@ -82,6 +92,12 @@ class _ScrapeGauges(Collector):
             ("eagle3_uptime_seconds", "Seconds since the server process started", (), time.monotonic() - m.started),
             *m.gauges(),
         ]
+        counters: dict[str, CounterMetricFamily] = {}
+        for name, text, labels, value in m.scrape_counters():
+            if name not in counters:
+                counters[name] = CounterMetricFamily(name, text, labels=[k for k, _ in labels])
+            counters[name].add_metric([v for _, v in labels], value)
+        yield from counters.values()
         families: dict[str, GaugeMetricFamily] = {}
         for name, text, labels, value in gauges:
             if name not in families:
@@ -95,6 +111,7 @@ class Metrics:
         self.started = time.monotonic()
         self.load_time_s = 0.0
         self.gauges: GaugeFn = lambda: ()
+        self.scrape_counters: GaugeFn = lambda: ()  # counters kept elsewhere (the feature cache's), read when scraped
         self._lock = threading.Lock()  # the history deques only
         self.reset()
 
@@ -106,8 +123,8 @@ class Metrics:
             name: Counter(name, text, labelnames, registry=registry) for name, (text, labelnames) in COUNTERS.items()
         }
         self._histograms = {
-            name: Histogram(name, text, buckets=buckets, registry=registry)
-            for name, (text, buckets) in HISTOGRAMS.items()
+            name: Histogram(name, text, labelnames, buckets=buckets, registry=registry)
+            for name, (text, buckets, labelnames) in HISTOGRAMS.items()
         }
         with self._lock:
             self._throughput: deque[list[float]] = deque()  # [bucket start (monotonic), tokens]
@@ -123,8 +140,9 @@ class Metrics:
         if name == "eagle3_tokens_extracted_total":
             self._note_tokens(value)
 
-    def observe(self, name: str, value: float) -> None:
-        self._histograms[name].observe(value)
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        histogram = self._histograms[name]
+        (histogram.labels(**labels) if labels else histogram).observe(value)
 
     def observe_fill(self, fill: float) -> None:
         self.observe("eagle3_batch_fill_ratio", fill)

@@ -114,7 +114,7 @@ async def _extract(request: Request, tenant: str, rt: Runtime) -> Response:
     request_id = request.state.request_id
     codec = rt.codec_for(parsed.codec or settings.default_codec, request.client.host if request.client else None)
     try:
-        stream = rt.open_stream(request_id, tenant, samples, codec, parsed.zstd_level)
+        stream = rt.open_stream(request_id, tenant, samples, codec, parsed.zstd_level, use_cache=parsed.cache == "use")
     except AdmissionError as exc:
         raise ApiError(
             exc.status, str(exc), type_=exc.type, reason=exc.reason, retry_after_s=exc.retry_after_s

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -33,6 +34,7 @@ from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_bac
 from eagle3.server.chat_limits import ChatLimits, chat_limits
 from eagle3.server.codec_choice import choose_codec, measure_encode_mb_s
 from eagle3.server.config import ServerSettings
+from eagle3.server.feature_cache import FeatureCache
 from eagle3.server.load_history import expected_load_s, load_key, record_load_s
 from eagle3.server.metrics import Metrics
 from eagle3.server.request_limits import TenantConnections
@@ -89,8 +91,10 @@ class Runtime:
             max_inflight_tokens=settings.max_inflight_tokens,
             max_tenant_inflight_tokens=settings.max_tenant_inflight_tokens,
             metrics=self.metrics,
+            interactive_max_tokens=settings.interactive_max_tokens,
         )
         self.metrics.gauges = self.scheduler.gauges
+        self.cache: FeatureCache | None = None  # opened once the backend is loaded (server/feature_cache.py)
         self.encoder_threads = settings.encoder_threads or encoder_threads_for_host()
         self.connections = TenantConnections(settings.max_tenant_connections)  # open extracts per tenant
         self.executor = ThreadPoolExecutor(max_workers=self.encoder_threads, thread_name_prefix="eagle3-enc")
@@ -147,6 +151,8 @@ class Runtime:
             self.scheduler.max_buffered_tokens = request_buffer_tokens(
                 s.max_batch_tokens, bytes_per_token, s.request_buffer_bytes
             )
+            if s.cache_on:
+                self._open_cache(info)
             self.scheduler.start()
             self._progress("measuring the encoder", 0.97)
             self.encode_mb_s_per_core = measure_encode_mb_s()
@@ -166,6 +172,18 @@ class Runtime:
             logger.exception("backend failed to load")
             self.error = f"{type(exc).__name__}: {exc}"
             self.status, self.phase = "failed", f"failed: {self.error}"[:500]
+
+    def _open_cache(self, info: BackendInfo) -> None:
+        """The feature cache for this backend's identity (server/feature_cache.py); its series join /metrics."""
+        s = self.settings
+        engine: dict[str, object] = {"tensor_parallel_size": s.tensor_parallel_size or 1}
+        if info.backend == "vllm":
+            options = s.vllm_options
+            engine["vllm"] = {"compile": options.compile, "engine_args": options.engine_args}
+        cache = FeatureCache.open(info, engine, s.cache_memory_bytes, s.cache_dir, s.cache_disk_bytes)
+        self.cache = self.scheduler.cache = cache
+        self.metrics.gauges = lambda: itertools.chain(self.scheduler.gauges(), cache.gauges())
+        self.metrics.scrape_counters = cache.counters
 
     async def drain(self) -> bool:
         """Refuse new work, let open streams finish for up to ``drain_timeout_s``, then abort them.
@@ -188,6 +206,8 @@ class Runtime:
             logger.warning("a forward pass is still running after %.0f s; exiting without it", STOP_WAIT_S)
         if self.backend is not None:
             self.backend.close()
+        if self.cache is not None:
+            self.cache.close()  # queued disk writes land first (bounded wait)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -200,13 +220,21 @@ class Runtime:
         return {"expected_s": self.expected_load_s, "eta_s": round(max(0.0, self.expected_load_s - elapsed_s), 1)}
 
     def open_stream(
-        self, request_id: str, tenant: str, samples: list[Sample], codec: Codec, zstd_level: int = 1
+        self,
+        request_id: str,
+        tenant: str,
+        samples: list[Sample],
+        codec: Codec,
+        zstd_level: int = 1,
+        *,
+        use_cache: bool = True,
     ) -> ExtractStream:
         """Admit ``samples`` (``AdmissionError`` when over a budget) and return the stream that will
-        carry their states. The one way a request becomes a stream: the route and the warm-up both use it."""
+        carry their states. The one way a request becomes a stream: the route and the warm-up both use it.
+        ``use_cache``: False for a request's ``"cache": "bypass"`` (neither looked up nor stored)."""
         assert self.info is not None
         s = self.settings
-        req = self.scheduler.submit(request_id, tenant, samples)
+        req = self.scheduler.submit(request_id, tenant, samples, use_cache=use_cache)
         header = dataclasses.replace(
             stream_header(self.info, request_id, len(samples), req.n_tokens, s.max_payload_bytes),
             codec=next(name for name, c in CODEC_NAMES.items() if c == codec),
@@ -241,6 +269,8 @@ class Runtime:
             codecs=REQUEST_CODECS,
             default_codec=s.default_codec,
             benchmark_only=info.backend == "synthetic",  # synthetic states, not a model's
+            feature_cache=self.cache.describe() if self.cache is not None else {},
+            interactive_max_tokens=s.interactive_max_tokens,
             codec_auto={
                 "encode_mb_s_per_core": round(self.encode_mb_s_per_core, 1),
                 "encoder_threads": self.encoder_threads,

@@ -10,6 +10,9 @@
   streamed states; ``request_buffer_tokens`` sizes it: two forward passes' worth, so a lone request
   fills pass k+1 while pass k is being encoded and sent, capped in bytes, never below one full pass);
   while it is full the request's samples are not scheduled, so a slow reader pauses only itself.
+* Small requests (``interactive_max_tokens``) get forward passes of their own ahead of bulk work,
+  within the fairness rules (server/lanes.py). Before each pass its samples are looked up in the
+  feature cache and only the misses reach the backend (server/feature_cache.py).
 * ``close`` (called exactly once per request, from the stream's ``finally``) drops the request's
   remaining work and returns whatever budget it still holds; releases never exceed the reservation.
 """
@@ -28,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3.core.protocol.error_types import error_meta
+from eagle3.server.feature_cache import FeatureCache, compute_with_cache
+from eagle3.server.lanes import BULK, lane_of, lane_requests
 from eagle3.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -92,6 +97,8 @@ class Request:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     admitted_at: float = field(default_factory=time.monotonic)  # for the latency histograms
     first_scheduled: bool = False
+    lane: str = BULK  # server/lanes.py
+    use_cache: bool = True  # the request's "cache": "use" (else "bypass")
 
     @property
     def n_tokens(self) -> int:
@@ -134,6 +141,8 @@ class Scheduler:
         max_tenant_inflight_tokens: int,
         max_buffered_tokens: int | None = None,
         metrics: Metrics | None = None,
+        interactive_max_tokens: int = 0,
+        cache: FeatureCache | None = None,
     ) -> None:
         self.extract = extract
         self.max_batch_tokens = max_batch_tokens
@@ -141,6 +150,8 @@ class Scheduler:
         self.max_tenant_inflight_tokens = max_tenant_inflight_tokens
         self.max_buffered_tokens = max_buffered_tokens or 2 * max_batch_tokens  # Runtime sets it in bytes
         self.metrics = metrics or Metrics()
+        self.interactive_max_tokens = interactive_max_tokens  # 0: no interactive lane
+        self.cache = cache  # set by Runtime once the backend is loaded (its identity is the cache's namespace)
         self._cond = threading.Condition()
         self._lock = threading.Lock()  # guards requests' result queues (shared with each Request)
         self._requests: list[Request] = []  # admitted, not closed; FIFO
@@ -153,7 +164,7 @@ class Scheduler:
 
     # ---- admission (event loop) ----
 
-    def submit(self, request_id: str, tenant: str, samples: list[Sample]) -> Request:
+    def submit(self, request_id: str, tenant: str, samples: list[Sample], *, use_cache: bool = True) -> Request:
         n_tokens = sum(s.n_tokens for s in samples)
         with self._cond:
             tenant_now = self.tenant_inflight.get(tenant, 0)
@@ -177,7 +188,8 @@ class Scheduler:
                     f"exceed {self.max_inflight_tokens}",
                     self._retry_after_s(self.inflight_tokens + n_tokens - self.max_inflight_tokens),
                 )
-            req = Request(request_id, tenant, samples, self._lock, asyncio.get_running_loop())
+            req = Request(request_id, tenant, samples, self._lock, asyncio.get_running_loop(), use_cache=use_cache)
+            req.lane = lane_of(n_tokens, self.interactive_max_tokens)
             req.pending.extend(samples)
             if not self._tenant_active(tenant):
                 others = [self._served[t] for t in self._active_tenants()]
@@ -293,13 +305,20 @@ class Scheduler:
         return req.outstanding_tokens == 0 or req.outstanding_tokens + need <= self.max_buffered_tokens
 
     def pick_batch(self) -> list[tuple[Request, Sample]]:
-        """Fill one forward pass (call with the condition held): least-served tenant first."""
+        """Fill one forward pass (call with the condition held): interactive requests alone when any is
+        eligible (server/lanes.py), else everyone's; least-served tenant first."""
+        lane = lane_requests(
+            self._requests, self._served, self._active_tenants(), self._schedulable, self.max_batch_tokens
+        )
+        return self._pack(lane or self._requests)
+
+    def _pack(self, requests: list[Request]) -> list[tuple[Request, Sample]]:
         batch: list[tuple[Request, Sample]] = []
         n_tokens = 0
         skipped: set[str] = set()
         while n_tokens < self.max_batch_tokens:
             heads: dict[str, Request] = {}
-            for req in self._requests:  # FIFO within a tenant
+            for req in requests:  # FIFO within a tenant
                 if req.tenant not in skipped and req.tenant not in heads and self._schedulable(req):
                     heads[req.tenant] = req
             if not heads:
@@ -333,17 +352,21 @@ class Scheduler:
 
     def _run_batch(self, batch: list[tuple[Request, Sample]]) -> None:
         started = time.monotonic()
-        outputs = self._extract_isolating([s for _, s in batch])
-        n_tokens = sum(s.n_tokens for _, s in batch)
-        elapsed_s = max(time.monotonic() - started, 1e-6)
-        self.throughput_tok_s = (
-            0.8 * self.throughput_tok_s + 0.2 * n_tokens / elapsed_s if self.throughput_tok_s else n_tokens / elapsed_s
+        samples = [s for _, s in batch]
+        outputs, computed = compute_with_cache(
+            self.cache, samples, [r.use_cache for r, _ in batch], self._extract_isolating
         )
-        self.metrics.inc("eagle3_forward_passes_total")
-        self.metrics.observe_fill(n_tokens / self.max_batch_tokens)
+        computed_ids = {id(s) for s in computed}
+        if computed:  # a pass served wholly from the cache ran no forward pass: no throughput figure
+            n_tokens = sum(s.n_tokens for s in computed)
+            elapsed_s = max(time.monotonic() - started, 1e-6)
+            rate = n_tokens / elapsed_s
+            self.throughput_tok_s = 0.8 * self.throughput_tok_s + 0.2 * rate if self.throughput_tok_s else rate
+            self.metrics.inc("eagle3_forward_passes_total")
+            self.metrics.observe_fill(n_tokens / self.max_batch_tokens)
         with self._cond:
             for (req, sample), (states, error) in zip(batch, outputs, strict=True):
-                if error is None:
+                if error is None and id(sample) in computed_ids:
                     self.metrics.inc("eagle3_tokens_extracted_total", sample.n_tokens, tenant=req.tenant)
                 if req.closed or req.abort_error is not None:
                     req.outstanding_tokens -= sample.n_tokens

@@ -283,7 +283,8 @@ class ExtractStream:
         self.metrics.inc("eagle3_stage_seconds_total", encoded.copy_s, stage="copy")
         self.metrics.inc("eagle3_stage_seconds_total", encoded.encode_s, stage="encode")
         if self.counts["n_samples"] + self.counts["n_failed"] == 1:
-            self.metrics.observe("eagle3_time_to_first_sample_seconds", time.monotonic() - self.req.admitted_at)
+            since_s = time.monotonic() - self.req.admitted_at
+            self.metrics.observe("eagle3_time_to_first_sample_seconds", since_s, lane=self.req.lane)
 
     def _pieces(self, parts: list[Chunk]) -> list[Chunk]:
         """HTTP writes of about ``chunk_bytes``: runs of small parts joined, big parts sliced (not copied)."""

@@ -3,6 +3,8 @@ lengths, unique sample ids, token caps). Every failure is an ``ApiError`` naming
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from eagle3.core.conversations import Message, RowError
@@ -33,6 +35,9 @@ class ExtractRequest(BaseModel):
     samples: list[SampleIn] = Field(min_length=1)
     codec: StrictStr | None = None  # one of eagle3.core.protocol.wire.REQUEST_CODECS (auto: the server picks)
     zstd_level: StrictInt = Field(default=1, ge=1, le=19)
+    # "use": served from the feature cache when present (and stored); "bypass": computed, neither read nor
+    # stored (eagle3.core.protocol.wire.CACHE_MODES)
+    cache: Literal["use", "bypass"] = "use"
 
     @field_validator("codec")
     @classmethod

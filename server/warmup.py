@@ -106,7 +106,7 @@ def warm_up(rt: Runtime) -> dict[str, float]:
 async def _one_request(rt: Runtime, samples: list[Sample], codec: Codec) -> None:
     info, settings = rt.info, rt.settings
     assert info is not None
-    stream = rt.open_stream(f"warmup-{codec.name.lower()}", WARMUP_TENANT, samples, codec)
+    stream = rt.open_stream(f"warmup-{codec.name.lower()}", WARMUP_TENANT, samples, codec, use_cache=False)
     decoder = FrameDecoder(max_payload_bytes=settings.max_payload_bytes + (1 << 20))
     frames = []
     async for piece in stream.body():

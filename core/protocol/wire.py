@@ -220,7 +220,14 @@ class ServerInfo(WireObject):
     protocol_version: int = PROTOCOL_VERSION
     benchmark_only: bool = False  # the synthetic backend: states that no model computed
     codec_auto: dict[str, float] = field(default_factory=dict)  # how codec auto decides (encode rate, link)
+    feature_cache: dict[str, int] = field(default_factory=dict)  # empty: no cache; else its tiers' byte limits
+    interactive_max_tokens: int = 0  # requests up to this many tokens use the interactive lane (0: no lane)
     url: str = field(default="", metadata={"local": True})  # where the SDK asked; not on the wire
+
+    @property
+    def cache_on(self) -> bool:
+        """The server keeps a feature cache (a repeated sample is served without a forward pass)."""
+        return bool(self.feature_cache)
 
     def limit(self, name: str, default: int) -> int:
         value = self.limits.get(name)
@@ -230,3 +237,4 @@ class ServerInfo(WireObject):
 CODECS = tuple(CODEC_NAMES)  # the one list of codec names (frames.Codec holds their ids)
 AUTO_CODEC = "auto"  # a request (or the server's default) may leave the choice to the server
 REQUEST_CODECS = (AUTO_CODEC, *CODECS)
+CACHE_MODES = ("use", "bypass")  # a request's "cache": served from the server's feature cache, or always computed

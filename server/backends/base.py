@@ -58,6 +58,7 @@ class SyntheticOptions:
     hidden_size: int = 4096
     num_hidden_layers: int = 32
     seed: int = 0
+    tokens_per_s: float | None = None  # a simulated forward pass: extract() takes n_tokens / tokens_per_s
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_hidden_layers"):

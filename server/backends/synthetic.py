@@ -16,12 +16,16 @@ Invariants:
   real activations, so the codecs see realistic entropy). Batched equals single, bitwise.
 * Returned tensors are CPU, contiguous bf16 ``[n, len(aux) + 1, hidden]`` (the base contract).
 * The same seed and shape give the same pool on every host (``torch.Generator`` CPU stream).
+* With ``tokens_per_s`` (``--synthetic-tokens-per-s``) an ``extract`` call lasts ``n_tokens / tokens_per_s``
+  seconds (a verifier's forward pass of that speed: the scheduling benchmarks use it); the states
+  are the same.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Sequence
 
 import torch
@@ -101,7 +105,12 @@ class SyntheticBackend:
         return self.pool.index_select(0, row_index(ids))
 
     def extract(self, batch: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        return [self.states(ids) for ids in batch]
+        started = time.perf_counter()
+        out = [self.states(ids) for ids in batch]
+        rate = self.config.synthetic.tokens_per_s
+        if rate:
+            time.sleep(max(0.0, sum(len(ids) for ids in batch) / rate - (time.perf_counter() - started)))
+        return out
 
     def close(self) -> None:
         self.pool = None

@@ -71,10 +71,15 @@ def test_exposition_with_a_hostile_tenant_parses_and_counts_per_tenant(
     wire = got[("eagle3_stream_bytes_total", (("kind", "wire"), *tenant))]
     assert 0 < wire < got[("eagle3_stream_bytes_total", (("kind", "raw"), *tenant))]
     assert not any(name == "fake_metric" for name, _ in got), "the tenant name injected a series"
-    for hist in ("eagle3_queue_wait_seconds", "eagle3_time_to_first_sample_seconds", "eagle3_request_duration_seconds"):
-        assert got[(f"{hist}_count", ())] == 1, hist
-        assert got[(f"{hist}_bucket", (("le", "+Inf"),))] == 1
-        assert got[(f"{hist}_sum", ())] > 0
+    lane = (("lane", "interactive"),)  # 5 tokens: a small request (server/lanes.py)
+    for hist, labels in (
+        ("eagle3_queue_wait_seconds", ()),
+        ("eagle3_time_to_first_sample_seconds", lane),
+        ("eagle3_request_duration_seconds", ()),
+    ):
+        assert got[(f"{hist}_count", labels)] == 1, hist
+        assert got[(f"{hist}_bucket", tuple(sorted((("le", "+Inf"), *labels))))] == 1
+        assert got[(f"{hist}_sum", labels)] > 0
     assert got[("eagle3_batch_fill_ratio_count", ())] >= 1
 
 
@@ -116,7 +121,7 @@ def test_openapi_describes_extract_and_docs_render(tmp_path: Path) -> None:
     assert op["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ExtractRequest"}
     schemas = spec["components"]["schemas"]
     assert {"ExtractRequest", "SampleIn", "MessageIn"} <= set(schemas)
-    assert set(schemas["ExtractRequest"]["properties"]) == {"samples", "codec", "zstd_level"}
+    assert set(schemas["ExtractRequest"]["properties"]) == {"samples", "codec", "zstd_level", "cache"}
     assert any(t.startswith("application/x-eagle3-frames") for t in op["responses"]["200"]["content"])
     assert {"/livez", "/readyz", "/v1/info", "/v1/status"} <= set(spec["paths"])
 
