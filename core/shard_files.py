@@ -22,6 +22,9 @@ import xxhash
 from eagle3.core.errors import FeaturesWriteError
 from eagle3.core.protocol.features import MANIFEST_FILE, ShardRecord
 
+SYNC_EVERY_BYTES = 64 << 20  # background shard: write-back started while the stream arrives
+_datasync = getattr(os, "fdatasync", os.fsync)  # fdatasync where the OS has it (not macOS)
+
 
 class ShardFile:
     """A background shard's ``.tmp`` while its samples arrive: ``write`` (writer thread) appends one
@@ -33,6 +36,7 @@ class ShardFile:
         self.header_bytes = header_bytes
         self.error: OSError | None = None
         self._fh: BinaryIO | None = None
+        self._unsynced = 0  # bytes written since the last early sync
 
     def open(self) -> BinaryIO:
         if self._fh is None:
@@ -41,10 +45,19 @@ class ShardFile:
         return self._fh
 
     def write(self, data: memoryview) -> None:
+        """Append one sample's states; every ``SYNC_EVERY_BYTES`` the data so far is sent to the disk
+        (``fdatasync``) while the stream is still arriving, so the fsync that completes the shard has
+        little left to wait for (it stays the one that counts: nothing is recorded before it)."""
         if self.error is not None:
             return
         try:
-            self.open().write(data)
+            fh = self.open()
+            fh.write(data)
+            self._unsynced += memoryview(data).nbytes
+            if self._unsynced >= SYNC_EVERY_BYTES:
+                fh.flush()
+                _datasync(fh.fileno())
+                self._unsynced = 0
         except OSError as exc:
             self.error = exc
 
