@@ -5,10 +5,12 @@
         for s in c.extract([[1, 2, 3], [{"role": "user", "content": "hi"}, ...]]):
             s.hidden_states        # float32 [n, L, H]: aux taps, then the final pre-norm state
 
-Wire: ``POST /v1/extract`` answers with a frame stream (``core/protocol/frames.py``) read with
-``iter_raw()`` into a ``FrameDecoder`` (bounds and checksums before anything is parsed); DATA payloads
-are decoded with ``eagle3.core.codec`` (size bound from the frame meta) and chunks of a long sample are
-reassembled in token order (``client/stream.py``).
+Wire: ``POST /v1/extract`` answers with a frame stream (``core/protocol/frames.py``), read by
+``client/stream_read.py`` with ``iter_raw()`` into a ``FrameDecoder`` (bounds and checksums before anything
+is parsed); DATA payloads are decoded with ``eagle3.core.codec`` (size bound from the frame meta) and the
+chunks of a long sample fill its arrays in token order (``client/stream.py``). What a caller may pass as
+samples is normalised by ``client/request_samples.py``; TLS context, ``/readyz`` and error answers by
+``client/http_client.py``.
 
 Retries (``client/retry.py``, shared with the dataset workers): connection errors, timeouts, 429, 503,
 5xx and truncated or retryable-ERROR streams are retried up to ``max_retries`` times, sleeping
@@ -21,12 +23,11 @@ the next URL of the list.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 import httpx
@@ -34,144 +35,55 @@ import httpx
 from eagle3.client.errors import (
     APIConnectionError,
     APIError,
-    APIStatusError,
     APITimeoutError,
     IncompatibleError,
-    InvalidSampleError,
     SampleFailedError,
     SampleFailure,
     ServiceUnavailableError,
     StreamError,
-    status_error,
+)
+from eagle3.client.http_client import (
+    describe_readyz,
+    new_http_client,
+    parse_server_info,
+    response_status_error,
+)
+from eagle3.client.request_samples import (
+    DEFAULT_LOSS_MASK,
+    JSON_BYTES_PER_TOKEN,
+    Sample,
+    request_tokens,
+    to_request_samples,
 )
 from eagle3.client.retry import MAX_RETRY_AFTER_S, retry_delay_s, should_retry
-from eagle3.client.stream import StreamAssembler
-from eagle3.core.protocol.frames import (
-    CONTENT_TYPE,
-    PROTOCOL_VERSION,
-    FrameDecoder,
-    ProtocolError,
-    TruncatedStreamError,
-)
-from eagle3.core.protocol.limits import sample_id_problem
-from eagle3.core.protocol.prepared import PreparedSample
+from eagle3.client.stream_read import Outcome, StreamCounters, read_stream
+from eagle3.core.protocol.frames import PROTOCOL_VERSION, ProtocolError, TruncatedStreamError
 from eagle3.core.protocol.wire import CACHE_MODES, ServerInfo
 from eagle3.core.sample import ExtractedSample
+
+# the names other modules and notebooks import from here (their definitions moved, their behaviour did not)
+__all__ = [
+    "API_KEY_ENV",
+    "DEFAULT_LOSS_MASK",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT_S",
+    "JSON_BYTES_PER_TOKEN",
+    "SERVER_URL_ENV",
+    "ExtractionClient",
+    "Outcome",
+    "Sample",
+    "describe_readyz",
+    "parse_server_info",
+    "request_tokens",
+    "to_request_samples",
+]
 
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "EAGLE3_API_KEY"
 SERVER_URL_ENV = "EAGLE3_SERVER_URL"  # like OPENAI_BASE_URL: the default ``urls`` (comma-separated for several)
-# Token ids sent without a loss mask (a bare list, or a dict without "loss_mask") get this mask value
-# for every token: 0, "not trained on" (the server's own default too). Send a mask, chat messages (the
-# template marks the assistant turns) or PreparedSample to train on a sample's tokens.
-DEFAULT_LOSS_MASK = 0
-JSON_BYTES_PER_TOKEN = 10  # a request body's size per token id, generously (ids up to 6 digits, separators)
 DEFAULT_TIMEOUT_S = 120.0  # per read: the server sends a heartbeat every 10 s while it works
 DEFAULT_MAX_RETRIES = 5
-
-Sample = Any  # list[int] | {"input_ids", "loss_mask"?, "id"?} | {"messages", "id"?} | list[message] | PreparedSample
-Outcome = ExtractedSample | SampleFailure
-
-
-def parse_server_info(data: Any, url: str) -> ServerInfo:
-    """``GET /v1/info`` as the typed ``ServerInfo`` (``eagle3.core.protocol.wire``); a malformed answer
-    is an ``APIError`` naming the field."""
-    try:
-        return dataclasses.replace(ServerInfo.from_dict(data), url=url)
-    except ProtocolError as exc:
-        raise APIError(f"{url}/v1/info: unexpected answer ({exc})", url=url) from None
-
-
-def to_request_samples(samples: Iterable[Sample]) -> list[dict[str, Any]]:
-    """Normalize what a notebook passes into ``/v1/extract`` sample objects; ids default to positions."""
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for index, sample in enumerate(samples):
-        req = _request_sample(sample, index)
-        if (problem := sample_id_problem(req["id"])) is not None:
-            raise InvalidSampleError(f"sample {index}: {problem}")
-        if req["id"] in seen:
-            raise InvalidSampleError(f"sample {index}: duplicate sample id {req['id']!r}")
-        seen.add(req["id"])
-        out.append(req)
-    return out
-
-
-def request_tokens(req: dict[str, Any]) -> int:
-    """Tokens a request sample counts for when cutting requests: its ids, or for chat messages the
-    characters of their text (an upper bound of the tokens for every BPE vocabulary in practice)."""
-    if "input_ids" in req:
-        return len(req["input_ids"])
-    return sum(len(str(m.get("content", ""))) + 8 for m in req["messages"])
-
-
-def _request_sample(sample: Sample, index: int) -> dict[str, Any]:
-    if isinstance(sample, PreparedSample):
-        return {"id": sample.sample_id, "input_ids": list(sample.input_ids), "loss_mask": list(sample.loss_mask)}
-    if hasattr(sample, "tolist"):  # numpy array of token ids
-        sample = sample.tolist()
-    if isinstance(sample, Mapping):
-        sample_id = str(sample.get("id", index))
-        if not sample_id:
-            raise InvalidSampleError(f"sample {index}: empty sample id")
-        if "input_ids" in sample:
-            req = {"id": sample_id, "input_ids": _token_ids(sample["input_ids"], index, "input_ids")}
-            req["loss_mask"] = [DEFAULT_LOSS_MASK] * len(req["input_ids"])  # explicit on the wire
-            if sample.get("loss_mask") is not None:
-                req["loss_mask"] = _token_ids(sample["loss_mask"], index, "loss_mask")
-                if len(req["loss_mask"]) != len(req["input_ids"]):
-                    raise InvalidSampleError(f"sample {sample_id!r}: loss_mask and input_ids differ in length")
-            return req
-        if "messages" in sample:
-            return {"id": sample_id, "messages": _messages(sample["messages"], index)}
-        raise InvalidSampleError(f"sample {index}: a dict sample needs 'input_ids' or 'messages'")
-    if isinstance(sample, (list, tuple)) and sample and all(isinstance(m, Mapping) for m in sample):
-        return {"id": str(index), "messages": _messages(sample, index)}
-    if isinstance(sample, (list, tuple)):
-        return {"id": str(index), "input_ids": _token_ids(sample, index, "input_ids")}
-    raise InvalidSampleError(
-        f"sample {index}: expected token ids, chat messages or a dict, got {type(sample).__name__}"
-    )
-
-
-def _token_ids(values: Any, index: int, name: str) -> list[int]:
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if not isinstance(values, (list, tuple)) or not values:
-        raise InvalidSampleError(f"sample {index}: {name} must be a non-empty list of integers")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise InvalidSampleError(f"sample {index}: {name} must hold integers only")
-    return list(values)
-
-
-def _messages(messages: Any, index: int) -> list[dict[str, Any]]:
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise InvalidSampleError(f"sample {index}: messages must be a non-empty list")
-    for m in messages:
-        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise InvalidSampleError(f"sample {index}: every message needs 'role' and 'content'")
-    return [dict(m) for m in messages]
-
-
-def describe_readyz(resp: httpx.Response) -> str:
-    """One line from a ``/readyz`` answer: status, phase, progress, elapsed and expected load time."""
-    try:
-        body = resp.json()
-    except ValueError:
-        return f"HTTP {resp.status_code} {resp.text[:200]}"
-    if not isinstance(body, dict):
-        return f"HTTP {resp.status_code}"
-    text = f"{body.get('status', resp.status_code)}"
-    if body.get("phase"):
-        text += f", {body['phase']}"
-    if isinstance(body.get("progress"), int | float):
-        text += f" ({body['progress']:.0%})"
-    if isinstance(body.get("elapsed_s"), int | float):
-        text += f", loading for {body['elapsed_s']:.0f} s"
-        if isinstance(body.get("expected_s"), int | float):
-            text += f" of about {body['expected_s']:.0f} s (the last load)"
-    return text
 
 
 class ExtractionClient:
@@ -207,10 +119,9 @@ class ExtractionClient:
             raise ValueError(f"cache must be one of {', '.join(CACHE_MODES)}, got {cache!r}")
         self.cache = cache
         self.max_retry_after_s = max_retry_after_s
-        self.wire_bytes = 0  # bytes of frame streams received (all calls; read it for MB/s)
-        # seconds per client stage, all calls: receive (waiting on the socket), verify (framing + checksums),
-        # decode (codec + safetensors + reassembly); bench/serving.py reads them
-        self.stage_s = {"receive": 0.0, "verify": 0.0, "decode": 0.0}
+        # bytes received and seconds per client stage, all calls (``client/stream_read.py``): read
+        # ``wire_bytes`` for MB/s; ``stage_s`` (receive, verify, decode) is what bench/serving.py reports
+        self.counters = StreamCounters()
         self._sleep = sleep
         self._url_index = 0
         self._limits: tuple[int, int] | None = None  # the server's (max_request_tokens, max_body_bytes)
@@ -218,8 +129,17 @@ class ExtractionClient:
         if http_client is not None:
             self._http = http_client
         else:
-            timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-            self._http = httpx.Client(timeout=timeout, transport=transport, follow_redirects=False)
+            self._http = new_http_client(timeout_s, transport)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes of frame streams received by this client (all calls)."""
+        return self.counters.wire_bytes
+
+    @property
+    def stage_s(self) -> dict[str, float]:
+        """Seconds per client stage (receive, verify, decode), all calls."""
+        return self.counters.stage_s
 
     @property
     def url(self) -> str:
@@ -420,30 +340,9 @@ class ExtractionClient:
             with self._http.stream("POST", url + "/v1/extract", json=body, headers=self._headers(request_id)) as resp:
                 if resp.status_code != 200:
                     resp.read()
-                    raise self._status_error(resp, url)
-                ctype = resp.headers.get("content-type", "")
-                if not ctype.startswith(CONTENT_TYPE.split(";")[0]):
-                    raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
-                decoder = FrameDecoder()
-                assembler = StreamAssembler(url, requests, decoder, expect=self._layout.get(url))
-                stage = self.stage_s
-                chunks = resp.iter_raw()  # the transport's own reads: re-chunking would copy
-                while True:
-                    started = time.perf_counter()
-                    chunk = next(chunks, None)
-                    received = time.perf_counter()
-                    stage["receive"] += received - started
-                    if chunk is None:
-                        break
-                    self.wire_bytes += len(chunk)
-                    frames = decoder.feed(chunk)
-                    stage["verify"] += time.perf_counter() - received
-                    for frame in frames:  # each frame's samples go out before the next frame can raise
-                        started = time.perf_counter()
-                        outcomes = assembler.handle(frame)
-                        stage["decode"] += time.perf_counter() - started
-                        yield from outcomes
-                decoder.close()
+                    raise response_status_error(resp, url)
+                expect = self._layout.get(url)
+                yield from read_stream(resp, url, requests, expect, self.counters)
         except TruncatedStreamError as exc:
             raise StreamError(f"{url}: truncated stream ({exc})", url=url, request_id=request_id) from None
         except ProtocolError as exc:
@@ -463,13 +362,6 @@ class ExtractionClient:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
-    def _status_error(self, resp: httpx.Response, url: str) -> APIStatusError:
-        try:
-            body: Any = resp.json()
-        except ValueError:
-            body = resp.text
-        return status_error(resp.status_code, body, {k.lower(): v for k, v in resp.headers.items()}, url)
-
     def _get_json(self, url: str, path: str) -> Any:
         try:
             resp = self._http.get(url + path, headers=self._headers(uuid.uuid4().hex))
@@ -478,7 +370,7 @@ class ExtractionClient:
         except httpx.TransportError as exc:
             raise APIConnectionError(f"{url}: connection failed: {exc or type(exc).__name__}", url=url) from None
         if resp.status_code != 200:
-            raise self._status_error(resp, url)
+            raise response_status_error(resp, url)
         return resp.json()
 
     def _with_retries(self, call: Callable[[str], Any]) -> Any:

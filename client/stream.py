@@ -23,7 +23,7 @@ from eagle3.client.errors import IncompatibleError, SampleFailure, StreamError
 from eagle3.core.codec import decode_payload, parse_safetensors
 from eagle3.core.protocol.frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameDecoder, FrameType, ProtocolError
 from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, SampleErrorMeta, StreamHeader
-from eagle3.core.sample import ExtractedSample
+from eagle3.core.sample import ExtractedSample, NDArray
 
 RAW_SLACK_BYTES = 1 << 20  # a chunk's safetensors header on top of max_payload_bytes of tensor data
 
@@ -47,7 +47,8 @@ class StreamAssembler:
         self.header: StreamHeader | None = None
         self.end: EndMeta | None = None
         self.max_raw_bytes = DEFAULT_MAX_PAYLOAD_BYTES + RAW_SLACK_BYTES
-        self._chunks: dict[str, list[tuple[Any, Any, Any]]] = {}  # sample id -> (hidden, ids, mask) so far
+        # sample id -> its (hidden, ids, mask) arrays, allocated whole at its first chunk and filled in place
+        self._filling: dict[str, tuple[NDArray, NDArray, NDArray]] = {}
         self._next_token: dict[str, int] = {}
         self._done: set[str] = set()
 
@@ -153,14 +154,26 @@ class StreamAssembler:
                 found = None if got is None else f"{got.dtype} {list(got.shape)}"
                 raise self._fail(f"frame {frame.seq}: {name} is {found}, expected {dtype} {list(shape)}")
         parts = (tensors["hidden_states"].numpy(), tensors["input_ids"].numpy(), tensors["loss_mask"].numpy())
-        self._next_token[sample_id] = end
-        if not final:
-            self._chunks.setdefault(sample_id, []).append(parts)
-            return None
-        chunks = [*self._chunks.pop(sample_id, []), parts]
-        hidden, ids, mask = (c[0] if len(chunks) == 1 else np.concatenate(c) for c in zip(*chunks, strict=True))
         expected = self.expected_ids[sample_id]
-        if expected is not None and (len(expected) != n_total or not np.array_equal(ids, expected)):
+        if start == 0 and expected is not None and len(expected) != n_total:
+            raise self._fail(f"sample {sample_id!r}: the server returned other input_ids than were sent")
+        if start == 0 and n_total > self.header.n_tokens:
+            raise self._fail(f"frame {frame.seq}: sample {sample_id!r} of {n_total} tokens, over the stream's "
+                             f"{self.header.n_tokens}")  # fmt: skip
+        self._next_token[sample_id] = end
+        if final and start == 0:  # the whole sample in one frame: its arrays are views of the frame, no copy
+            hidden, ids, mask = parts
+        else:
+            if start == 0:  # allocated once at its full size (numpy: no zero fill), every chunk copied in place
+                self._filling[sample_id] = (np.empty((n_total, n_layers, self.hidden_size), np.uint16),
+                                            np.empty(n_total, np.int32), np.empty(n_total, np.uint8))  # fmt: skip
+            arrays = self._filling[sample_id]
+            for array, part in zip(arrays, parts, strict=True):
+                array[start:end] = part
+            if not final:
+                return None
+            hidden, ids, mask = self._filling.pop(sample_id)
+        if expected is not None and not np.array_equal(ids, expected):
             raise self._fail(f"sample {sample_id!r}: the server returned other input_ids than were sent")
         self._done.add(sample_id)
         self._next_token.pop(sample_id)
@@ -171,7 +184,7 @@ class StreamAssembler:
         sample_id = meta.sample_id
         if sample_id not in self.expected_ids or sample_id in self._done:
             raise self._fail(f"SAMPLE_ERROR for {sample_id!r}, which was not requested or already done")
-        self._chunks.pop(sample_id, None)
+        self._filling.pop(sample_id, None)
         self._next_token.pop(sample_id, None)
         self._done.add(sample_id)
         return SampleFailure(sample_id, meta.error.type, meta.error.message, meta.error.retryable)

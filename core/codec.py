@@ -160,10 +160,15 @@ def build_safetensors(
 
 
 def safetensors_parts(
-    specs: dict[str, tuple[str, tuple[int, ...], list[memoryview]]], metadata: dict[str, str] | None = None
+    specs: dict[str, tuple[str, tuple[int, ...], list[memoryview]]],
+    metadata: dict[str, str] | None = None,
+    header_bytes: int | None = None,
 ) -> list[bytes | memoryview]:
     """Like ``build_safetensors`` for tensors given as several pieces each (``(dtype, shape, pieces)``;
-    the pieces are written in order, never joined): the shard writer's samples go to disk as they came."""
+    the pieces are written in order, never joined): the shard writer's samples go to disk as they came.
+    ``header_bytes``: the length prefix and the JSON header together take exactly this many bytes
+    (a multiple of 8; the JSON padded with spaces, as the format allows), so the tensor data can be
+    written before the header is known; ``ValueError`` when the header does not fit."""
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for name, (dtype, shape, pieces) in specs.items():
@@ -173,5 +178,11 @@ def safetensors_parts(
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
+    if header_bytes is not None:
+        if header_bytes % 8 or len(encoded) > header_bytes - 8:
+            raise ValueError(
+                f"safetensors header of {len(encoded)} bytes does not fit {header_bytes} - 8 (or not 8-aligned)"
+            )
+        encoded += b" " * (header_bytes - 8 - len(encoded))
     encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned, as safetensors writes it
     return [struct.pack("<Q", len(encoded)), encoded, *(p for _, _, pieces in specs.values() for p in pieces)]

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from eagle3.core.codec import RawTensor, parse_safetensors
-from eagle3.core.features_writer import shard_checksum_ok
 from eagle3.core.protocol.features import (
     MANIFEST_FILE,
     SHARDS_DIR,
@@ -33,6 +32,7 @@ from eagle3.core.protocol.features import (
 )
 from eagle3.core.protocol.frames import ProtocolError
 from eagle3.core.sample import ExtractedSample
+from eagle3.core.shard_files import shard_checksum_ok
 
 MAX_OPEN_SHARDS = 32
 

@@ -2,17 +2,25 @@
 
 Samples accumulate in one shard buffer (about ``shard_mb``; a single larger sample gets a shard of
 its own); a full buffer becomes ``shards/.<name>.<uuid>.tmp`` (safetensors via
-``eagle3.core.codec.build_safetensors``), is fsynced, renamed to its final name, the directory fsynced,
-and only then one manifest line (with the file's xxh3-128, computed while writing) is appended and
-fsynced. So at any instant the manifest lists complete shards only; what a crash leaves behind is an
-orphan file or a torn last manifest line, and ``open`` cleans both up. A full disk raises
-``FeaturesWriteError`` with the manifest as it was.
+``eagle3.core.codec.safetensors_parts``), is fsynced, renamed to its final name, the directory fsynced,
+and only then one manifest line (with the file's xxh3-128) is appended and fsynced. So at any instant
+the manifest lists complete shards only; what a crash leaves behind is an orphan file or a torn last
+manifest line, and ``open`` cleans both up. A full disk raises ``FeaturesWriteError`` with the
+manifest as it was.
+
+With ``background=True`` (``extract_dataset``) one writer thread does the disk work and the states
+reach the disk while the shard fills: each sample's states are written into the shard's ``.tmp`` as
+it is added (after ``header_bytes`` reserved for the safetensors header, which is padded with spaces
+to exactly that size), so when the shard is full only the small tensors after the states, the header
+and the commit above remain (the last shard of a run no longer writes all of its bytes after the
+stream ended). The checksum is computed from the samples' arrays in file order at that point (memory
+speed; the arrays are kept until the shard is recorded). The order of the commit is the same in
+both modes, line for line: ``.tmp`` complete -> fsync -> rename -> fsync directory -> manifest line
+-> fsync manifest.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import logging
 import os
@@ -27,7 +35,7 @@ import xxhash
 from filelock import FileLock, Timeout
 
 from eagle3.core.codec import safetensors_parts
-from eagle3.core.errors import FeaturesLockedError, FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from eagle3.core.errors import FeaturesLockedError, IncompatibleError, InsufficientDiskError
 from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol.features import (
     FEATURES_META_FILE,
@@ -40,6 +48,7 @@ from eagle3.core.protocol.features import (
     read_features_meta,
 )
 from eagle3.core.sample import ExtractedSample
+from eagle3.core.shard_files import ShardFile, fsync_dir, shard_checksum_ok, write_atomic, write_error
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +56,7 @@ DEFAULT_SHARD_MB = 256
 # fields that must agree between an existing features.json and the server now filling it
 IDENTITY_FIELDS = ("model_id", "revision", "aux_layer_ids", "final_layer_id", "hidden_size", "tokenizer_sha256")
 DISK_OVERHEAD_BYTES = 64 << 20  # headers, manifest, one shard's .tmp slack
+HEADER_RESERVE_MAX_BYTES = 1 << 20  # background writer: safetensors header room per shard (~10k sample ids)
 
 
 def bytes_per_token(meta: FeaturesMeta) -> int:
@@ -93,6 +103,10 @@ class FeaturesWriter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="eagle3-shard") if background else None
         self._in_flight: Future[ShardRecord] | None = None
         self._lock: FileLock | None = None
+        # background: the shard being filled has its .tmp open on the writer thread; the header goes in
+        # the first header_bytes when the shard is full, so a shard also ends when its ids would not fit
+        self.header_bytes = max(4096, min(HEADER_RESERVE_MAX_BYTES, self.shard_bytes // 256)) // 8 * 8
+        self._shard: ShardFile | None = None
         self._reset_buffer()
 
     @classmethod
@@ -114,7 +128,7 @@ class FeaturesWriter:
         try:
             writer.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _write_error(exc, writer.dir, "creating the features directory") from None
+            raise write_error(exc, writer.dir, "creating the features directory") from None
         writer._lock = FileLock(writer.dir / LOCK_FILE)
         try:
             writer._lock.acquire(timeout=0)
@@ -146,10 +160,10 @@ class FeaturesWriter:
             if meta_path.exists():
                 self._check_identity(read_features_meta(self.dir))
             else:
-                _write_atomic(meta_path, self.meta.to_json() + "\n")
+                write_atomic(meta_path, self.meta.to_json() + "\n")
             self._repair_manifest_tail()
         except OSError as exc:
-            raise _write_error(exc, self.dir, "preparing the features directory") from None
+            raise write_error(exc, self.dir, "preparing the features directory") from None
         self.records = list(iter_manifest(self.dir))
         recorded = set()
         bar = ProgressBar("verify", len(self.records), unit="shard", enabled=None if verify else False)
@@ -208,6 +222,7 @@ class FeaturesWriter:
         self._buffered_bytes = 0
         self._sample_ids: list[str] = []
         self._n_tokens: list[int] = []
+        self._header_estimate = 1024 + 2 * len(json.dumps(list(self.meta.aux_layer_ids)))  # an upper bound
 
     @property
     def buffered_bytes(self) -> int:
@@ -222,7 +237,11 @@ class FeaturesWriter:
             )
         if sample.sample_id in self.done_ids:
             raise FeaturesFormatError(f"sample {sample.sample_id!r} is already in {self.dir}")
-        if self._sample_ids and self.buffered_bytes + n * bytes_per_token(self.meta) > self.shard_bytes:
+        id_bytes = len(json.dumps(json.dumps([sample.sample_id]))) + 4  # its share of the header, escaped twice
+        if self._sample_ids and (
+            self.buffered_bytes + n * bytes_per_token(self.meta) > self.shard_bytes
+            or (self._pool is not None and self._header_estimate + id_bytes > self.header_bytes - 8)
+        ):
             self._shard_full()
         for parts, array, dtype in (
             (self._hidden, sample.hidden_states_bf16, "<u2"),
@@ -233,7 +252,12 @@ class FeaturesWriter:
             self._buffered_bytes += parts[-1].nbytes
         self._sample_ids.append(sample.sample_id)
         self._n_tokens.append(n)
+        self._header_estimate += id_bytes
         self.done_ids.add(sample.sample_id)
+        if self._pool is not None:  # its states go into the shard's .tmp now, on the writer thread
+            if self._shard is None:
+                self._shard = ShardFile(self.dir / SHARDS_DIR, self.header_bytes)
+            self._pool.submit(self._shard.write, self._hidden[-1])
         if self.buffered_bytes >= self.shard_bytes:
             self._shard_full()
 
@@ -242,8 +266,8 @@ class FeaturesWriter:
             self.flush()
             return
         self.wait()  # at most one shard in flight (raises its FeaturesWriteError, if any)
-        buffers = self._take_buffer()
-        self._in_flight = self._pool.submit(self._write_buffers, *buffers)
+        shard, self._shard = self._shard, None
+        self._in_flight = self._pool.submit(self._write_buffers, shard, *self._take_buffer())
 
     def wait(self) -> None:
         """Block until the shard being written in the background is recorded (no-op otherwise)."""
@@ -257,7 +281,10 @@ class FeaturesWriter:
         self.wait()
         if not self._sample_ids:
             return None
-        return self._write_buffers(*self._take_buffer())
+        if self._pool is None:
+            return self._write_buffers(None, *self._take_buffer())
+        shard, self._shard = self._shard, None
+        return self._pool.submit(self._write_buffers, shard, *self._take_buffer()).result()
 
     def _take_buffer(self) -> tuple[list[str], list[int], list[memoryview], list[memoryview], list[memoryview]]:
         out = (self._sample_ids, self._n_tokens, self._hidden, self._ids, self._mask)
@@ -266,12 +293,15 @@ class FeaturesWriter:
 
     def _write_buffers(
         self,
+        shard: ShardFile | None,
         ids: list[str],
         n_tokens: list[int],
         hidden: list[memoryview],
         token_ids: list[memoryview],
         mask: list[memoryview],
     ) -> ShardRecord:
+        """Complete one shard and record it. ``shard``: its ``.tmp`` with the states already written
+        (background), or None: write the whole file now."""
         total = sum(n_tokens)
         offsets = [0]
         for n in n_tokens:
@@ -290,7 +320,10 @@ class FeaturesWriter:
             "final_norm_applied": str(self.meta.final_norm_applied).lower(),
         }
         name = f"shard-{len(self.records):06d}-{uuid.uuid4().hex[:12]}.safetensors"
-        size, digest = self._write_shard(name, safetensors_parts(specs, metadata))
+        if shard is None:
+            size, digest = self._write_shard(name, safetensors_parts(specs, metadata))
+        else:
+            size, digest = self._complete_shard(shard, name, specs, metadata, len(hidden))
         record = ShardRecord(
             name, tuple(ids), tuple(n_tokens), size, "", self.meta.model_id, self.meta.aux_layer_ids, xxh3_128=digest
         )
@@ -315,11 +348,37 @@ class FeaturesWriter:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise _write_error(exc, self.dir, f"writing shard {name}", len(self.records)) from None
+            raise write_error(exc, self.dir, f"writing shard {name}", len(self.records)) from None
         return size, digest.hexdigest()
+
+    def _complete_shard(
+        self,
+        shard: ShardFile,
+        name: str,
+        specs: dict[str, tuple[str, tuple[int, ...], list[memoryview]]],
+        metadata: dict[str, str],
+        n_hidden: int,
+    ) -> tuple[int, str]:
+        """The background path of ``_write_shard``: the states are in ``shard``'s ``.tmp`` already; write
+        what follows them and the header, then fsync and rename (same order). The checksum is taken over
+        the parts in file order, from memory."""
+        try:
+            chunks = safetensors_parts(specs, metadata, header_bytes=shard.header_bytes)
+        except ValueError:  # more ids than the header room (add() ends shards before): write it whole
+            shard.discard()
+            return self._write_shard(name, safetensors_parts(specs, metadata))
+        final = self.dir / SHARDS_DIR / name
+        try:
+            size, digest = shard.finish(chunks, n_hidden)
+            os.replace(shard.tmp, final)
+            fsync_dir(final.parent)
+        except OSError as exc:
+            shard.discard()
+            raise write_error(exc, self.dir, f"writing shard {name}", len(self.records)) from None
+        return size, digest
 
     def _append_manifest(self, record: ShardRecord) -> None:
         path = self.dir / MANIFEST_FILE
@@ -336,7 +395,7 @@ class FeaturesWriter:
                 (self.dir / SHARDS_DIR / record.shard).unlink(missing_ok=True)
             except OSError:
                 pass
-            raise _write_error(exc, self.dir, f"recording shard {record.shard}", len(self.records)) from None
+            raise write_error(exc, self.dir, f"recording shard {record.shard}", len(self.records)) from None
 
     def close(self) -> None:
         try:
@@ -351,29 +410,6 @@ class FeaturesWriter:
             self._pool.shutdown(wait=True)
 
 
-def shard_checksum_ok(path: Path, record: ShardRecord) -> bool:
-    """The file matches its manifest checksum: xxh3_128 when recorded, else (older manifests) sha256."""
-    if record.xxh3_128:
-        return xxh3_file(path) == record.xxh3_128
-    return sha256_file(path) == record.sha256
-
-
-def xxh3_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
-    digest = xxhash.xxh3_128()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(chunk_bytes):
-            sha.update(chunk)
-    return sha.hexdigest()
-
-
 def _raw(array: Any, dtype: str) -> memoryview:
     """The array's bytes in ``dtype`` without a copy when it already is contiguous ``dtype``."""
     return np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8).data
@@ -381,28 +417,3 @@ def _raw(array: Any, dtype: str) -> memoryview:
 
 def _i64(values: list[int]) -> bytes:
     return b"".join(v.to_bytes(8, "little", signed=True) for v in values)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_error(exc: OSError, features_dir: Path, what: str, n_shards: int | None = None) -> Exception:
-    kept = f"; the {n_shards} shards in {MANIFEST_FILE} are intact, rerun to resume" if n_shards is not None else ""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return FeaturesWriteError(f"{features_dir}: disk full while {what}{kept}")
-    return FeaturesWriteError(f"{features_dir}: {what} failed: {exc.strerror or exc}{kept}")

@@ -23,6 +23,7 @@ import torch
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from eagle3.core.checksum import crc32
 from eagle3.core.codec import RawTensor, build_safetensors, encode_payload
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import (
@@ -146,7 +147,7 @@ def encode_result(result: Result, seq: int, opts: EncodeOptions) -> Encoded:
             else:
                 payload = [compressed]
         meta = DataMeta(sample.sample_id, sample.index, start, end, sample.n_tokens, k == len(blobs) - 1, raw).to_dict()
-        parts.append(frame_head(FrameType.DATA, seq + k, meta, payload, codec))
+        parts.append(frame_head(FrameType.DATA, seq + k, meta, payload, codec, crc32=crc32))  # zlib-ng: same CRC
         parts.extend(payload)
         raw_total += raw
         wire_total += sum(memoryview(p).nbytes for p in payload)

@@ -31,11 +31,13 @@ import enum
 import json
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 Buffer = bytes | bytearray | memoryview  # anything zlib.crc32 and a socket write take
+Crc32 = Callable[[Buffer, int], int]  # zlib.crc32's signature and result (any implementation of CRC-32)
+Allocate = Callable[[int], Any]  # n -> a writable buffer of n bytes (its contents are overwritten)
 
 PROTOCOL_VERSION = 2
 MAGIC = b"E3F" + bytes([PROTOCOL_VERSION])
@@ -92,18 +94,28 @@ class Frame:
     codec: Codec = Codec.NONE
 
 
-def frame_crc(head: Buffer, meta: Buffer, payload_parts: Sequence[Buffer]) -> int:
-    """CRC-32 of a frame: its fixed header without the checksum field, then meta, then the payload."""
+def head_crc(head: Buffer, crc32: Crc32 = zlib.crc32) -> int:
+    """CRC-32 of a fixed header without its checksum field: the start of every frame's checksum."""
     with memoryview(head) as h:
-        crc = zlib.crc32(h[CRC_OFFSET + 4 : FIXED_HEADER_BYTES], zlib.crc32(h[:CRC_OFFSET]))
-    crc = zlib.crc32(meta, crc)
+        return crc32(h[CRC_OFFSET + 4 : FIXED_HEADER_BYTES], crc32(h[:CRC_OFFSET], 0))
+
+
+def frame_crc(head: Buffer, meta: Buffer, payload_parts: Sequence[Buffer], crc32: Crc32 = zlib.crc32) -> int:
+    """CRC-32 of a frame: its fixed header without the checksum field, then meta, then the payload.
+    ``crc32``: any implementation with ``zlib.crc32``'s signature and results (a faster one may be given)."""
+    crc = crc32(meta, head_crc(head, crc32))
     for part in payload_parts:
-        crc = zlib.crc32(part, crc)
+        crc = crc32(part, crc)
     return crc
 
 
 def frame_head(
-    ftype: FrameType, seq: int, meta: dict[str, Any], payload_parts: Sequence[Buffer] = (), codec: Codec = Codec.NONE
+    ftype: FrameType,
+    seq: int,
+    meta: dict[str, Any],
+    payload_parts: Sequence[Buffer] = (),
+    codec: Codec = Codec.NONE,
+    crc32: Crc32 = zlib.crc32,
 ) -> bytes:
     """Fixed header + meta of a frame whose payload is ``payload_parts`` concatenated. The parts are
     not copied: the caller writes them right after the head (the server streams big tensors this way)."""
@@ -112,7 +124,7 @@ def frame_head(
         raise ProtocolError(f"frame meta is {len(meta_bytes)} bytes, over the {MAX_META_BYTES} limit")
     payload_len = sum(memoryview(part).nbytes for part in payload_parts)
     head = bytearray(FIXED_HEADER.pack(MAGIC, ftype, codec, 0, seq, len(meta_bytes), payload_len, 0, 0))
-    head[CRC_OFFSET : CRC_OFFSET + 4] = frame_crc(head, meta_bytes, payload_parts).to_bytes(4, "little")
+    head[CRC_OFFSET : CRC_OFFSET + 4] = frame_crc(head, meta_bytes, payload_parts, crc32).to_bytes(4, "little")
     return bytes(head) + meta_bytes
 
 
@@ -126,16 +138,31 @@ class FrameDecoder:
 
     Chunk boundaries are arbitrary (HTTP chunks do not align with frames). Bounds are checked on the
     fixed header before the body is buffered, so a corrupt length cannot make it allocate gigabytes.
+    A body of at least ``DIRECT_FILL_BYTES`` is copied once, straight from the chunks into a buffer
+    of its own (``allocate(n)``: ``bytearray`` by default; the SDK passes numpy's, which skips the
+    zero fill and maps huge pages), and checksummed piece by piece as it arrives (``crc32``:
+    ``zlib.crc32`` or any implementation with its signature and results), while each piece is still
+    in the CPU cache; its frame's payload is a memoryview of that buffer. The checksum is still
+    compared before the meta is parsed.
     """
 
-    def __init__(self, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+    def __init__(
+        self,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        *,
+        crc32: Crc32 = zlib.crc32,
+        allocate: Allocate = bytearray,
+    ) -> None:
         self.max_payload_bytes = max_payload_bytes
+        self._crc32 = crc32
+        self._allocate = allocate
         self._buf = bytearray()
         self._next_seq = 0
         self._pending: tuple[int, int, int, int, int, int] | None = None  # type codec seq meta_len payload_len crc
         self._pending_head = b""  # the pending frame's fixed header bytes (checksummed with its body)
-        self._body: bytearray | None = None  # a big pending frame's meta + payload, filled in place
+        self._body: memoryview | None = None  # a big pending frame's meta + payload, filled in place
         self._body_filled = 0
+        self._body_crc = 0  # checksum of the header and of the body bytes filled so far
         self.finished = False  # a terminal frame was seen
 
     def feed(self, chunk: Buffer) -> list[Frame]:
@@ -147,14 +174,17 @@ class FrameDecoder:
         data = memoryview(chunk).cast("B")
         frames: list[Frame] = []
         if self._body is not None:
-            n = min(len(self._body) - self._body_filled, len(data))
-            self._body[self._body_filled : self._body_filled + n] = data[:n]
-            self._body_filled += n
-            data = data[n:]
+            filled = self._body_filled
+            n = min(len(self._body) - filled, len(data))
+            piece = data[:n]
+            self._body[filled : filled + n] = piece
+            self._body_crc = self._crc32(piece, self._body_crc)
+            self._body_filled = filled + n
             if self._body_filled < len(self._body):
                 return frames
-            frames.append(self._complete(memoryview(self._body)))
-            self._body = None
+            body, self._body = self._body, None
+            frames.append(self._complete(body, self._body_crc))
+            data = data[n:]
             if self.finished and len(data):
                 raise ProtocolError("bytes after the terminal frame")
         if len(data):
@@ -175,13 +205,13 @@ class FrameDecoder:
                 body_len = self._pending[3] + self._pending[4]
                 if len(view) - offset < body_len:
                     if body_len >= DIRECT_FILL_BYTES:  # fill its own buffer from here on
-                        self._body = bytearray(body_len)
-                        self._body_filled = len(view) - offset
-                        self._body[: self._body_filled] = view[offset:]
+                        self._start_body(body_len, view[offset:])
                         offset = len(view)
                     break
                 with view[offset : offset + body_len] as body:
-                    frames.append(self._complete(body, copy=True))
+                    meta_len = self._pending[3]
+                    crc = frame_crc(self._pending_head, body[:meta_len], (body[meta_len:],), self._crc32)
+                    frames.append(self._complete(body, crc, copy=True))
                 offset += body_len
                 if self.finished:
                     if offset != len(view):
@@ -193,15 +223,25 @@ class FrameDecoder:
             del self._buf[:offset]
         return frames
 
-    def _complete(self, body: memoryview, copy: bool = False) -> Frame:
-        """The pending frame from its meta + payload bytes: checksum, then meta; ``copy`` when ``body``
-        is a view of the shared buffer (the payload must outlive it)."""
+    def _start_body(self, body_len: int, first: memoryview) -> None:
+        body = memoryview(self._allocate(body_len)).cast("B")
+        if len(body) != body_len or body.readonly:
+            raise ValueError(f"allocate({body_len}) returned {len(body)} bytes (readonly={body.readonly})")
+        body[: len(first)] = first
+        self._body = body
+        self._body_filled = len(first)
+        self._body_crc = self._crc32(first, head_crc(self._pending_head, self._crc32))
+
+    def _complete(self, body: memoryview, crc: int, copy: bool = False) -> Frame:
+        """The pending frame from its meta + payload bytes and their checksum (header included):
+        compare, then parse the meta; ``copy`` when ``body`` is a view of the shared buffer (the
+        payload must outlive it)."""
         assert self._pending is not None
-        ftype, codec, seq, meta_len, _payload_len, crc = self._pending
+        ftype, codec, seq, meta_len, _payload_len, want_crc = self._pending
         self._pending = None
-        meta_view, payload_view = body[:meta_len], body[meta_len:]
-        if frame_crc(self._pending_head, meta_view, (payload_view,)) != crc:
+        if crc != want_crc:
             raise ProtocolError(f"frame {seq}: checksum mismatch")
+        meta_view, payload_view = body[:meta_len], body[meta_len:]
         meta_bytes = meta_view.tobytes()
         payload: Buffer = payload_view.tobytes() if copy else payload_view
         try:

@@ -14,14 +14,12 @@ import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from eagle3.core.features_reader import FeaturesReader
-from eagle3.core.protocol.features import MANIFEST_FILE, SHARDS_DIR, iter_manifest
+from eagle3.core.protocol.features import MANIFEST_FILE, iter_manifest
 from eagle3.server.backends import engine_guard
 from tests.e2e.live_server import LiveServer, descendants, tiny_llama_dir, wait_gone
-from tests.e2e.test_sdk_live import N_SAMPLES, eagle3, run_extract
+from tests.e2e.test_sdk_live import N_SAMPLES, assert_same_features, eagle3, run_extract
 from tests.e2e.test_sdk_live import prepared as prepared
 
 pytestmark = pytest.mark.e2e
@@ -46,23 +44,6 @@ def kill_mid_run(live: LiveServer, prepared_dir: Path, out: Path) -> list[tuple[
     return processes
 
 
-def assert_resumed_equals_fresh(out: Path, fresh: Path, exact: bool) -> None:
-    got, want = FeaturesReader(out, verify=True), FeaturesReader(fresh, verify=True)
-    assert len(got.sample_ids) == len(set(got.sample_ids)) == N_SAMPLES
-    assert sorted(got.sample_ids) == sorted(want.sample_ids)
-    for sample_id in want.sample_ids:
-        a, b = got[sample_id], want[sample_id]
-        np.testing.assert_array_equal(a.input_ids, b.input_ids)
-        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
-        if exact:
-            np.testing.assert_array_equal(a.hidden_states_bf16, b.hidden_states_bf16)
-        else:
-            x, y = a.hidden_states.astype(np.float64), b.hidden_states.astype(np.float64)
-            assert np.linalg.norm(x - y) <= 1e-2 * np.linalg.norm(y), sample_id
-    recorded = {r.shard for r in iter_manifest(out)}
-    assert {p.name for p in (out / SHARDS_DIR).iterdir()} == recorded
-
-
 def chaos_run(args: list[str], tmp_path: Path, prepared_dir: Path, ready_timeout_s: float) -> None:
     out, fresh = tmp_path / "features", tmp_path / "fresh"
     with LiveServer(args, tmp_path / "first.log") as first:
@@ -83,7 +64,7 @@ def chaos_run(args: list[str], tmp_path: Path, prepared_dir: Path, ready_timeout
         assert "already done" in resumed.stdout and "0 failed" in resumed.stdout, resumed.stdout
         uninterrupted = run_extract(prepared_dir, fresh, second.url)
         assert uninterrupted.returncode == 0, uninterrupted.stderr
-    assert_resumed_equals_fresh(out, fresh, exact="vllm" not in args)
+    assert_same_features(out, fresh, exact="vllm" not in args)
 
 
 def test_hf_server_sigkilled_mid_run_leaves_nothing_and_the_client_resumes(tmp_path: Path, prepared: Path) -> None:

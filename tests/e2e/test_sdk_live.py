@@ -110,7 +110,10 @@ def reference(server_url: str, prepared: Path, tmp_path_factory: pytest.TempPath
     return out
 
 
-def assert_same_features(got_dir: Path, want_dir: Path) -> None:
+def assert_same_features(got_dir: Path, want_dir: Path, *, exact: bool = True) -> None:
+    """``got_dir`` holds the same dataset as ``want_dir``: each sample id once, the same ids, input ids
+    and masks, hidden states bit for bit (``exact``; else within 1 % relative L2 per sample, for
+    backends whose batching changes the rounding), every checksum right, no orphan or .tmp file."""
     got, want = FeaturesReader(got_dir, verify=True), FeaturesReader(want_dir, verify=True)
     assert len(got.sample_ids) == len(set(got.sample_ids)) == N_SAMPLES
     assert sorted(got.sample_ids) == sorted(want.sample_ids)
@@ -118,7 +121,11 @@ def assert_same_features(got_dir: Path, want_dir: Path) -> None:
         a, b = got[sample_id], want[sample_id]
         np.testing.assert_array_equal(a.input_ids, b.input_ids)
         np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
-        np.testing.assert_array_equal(a.hidden_states_bf16, b.hidden_states_bf16)
+        if exact:
+            np.testing.assert_array_equal(a.hidden_states_bf16, b.hidden_states_bf16)
+        else:
+            x, y = a.hidden_states.astype(np.float64), b.hidden_states.astype(np.float64)
+            assert np.linalg.norm(x - y) <= 1e-2 * np.linalg.norm(y), sample_id
     recorded = {r.shard for r in iter_manifest(got_dir)}
     assert {p.name for p in (got_dir / SHARDS_DIR).iterdir()} == recorded  # no orphans, no .tmp
 

@@ -127,11 +127,14 @@ class FakeServer:
             seq += 1
 
         n_layers = len(AUX) + 1
+        request_tokens = sum(  # HEADER n_tokens: the request's tokens, as the server sends it
+            len(tokenize_messages(s["messages"])[0]) if "messages" in s else len(s["input_ids"]) for s in samples
+        )
         put(FrameType.HEADER, {"protocol": PROTOCOL_VERSION, "request_id": "r", "model_id": "fake-llama",
                                "revision": "r1",
                                "aux_layer_ids": list(AUX), "final_layer_id": FINAL, "final_norm_applied": False,
                                "dtype": "bfloat16", "hidden_size": HIDDEN, "vocab_size": 256,
-                               "tokenizer_sha256": TOKENIZER_SHA, "n_samples": len(samples), "n_tokens": 0,
+                               "tokenizer_sha256": TOKENIZER_SHA, "n_samples": len(samples), "n_tokens": request_tokens,
                                "max_payload_bytes": self.max_payload_bytes})  # fmt: skip
         rows_per_chunk = max(1, self.max_payload_bytes // (n_layers * HIDDEN * 2))
         n_data = n_tokens = 0

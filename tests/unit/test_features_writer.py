@@ -264,3 +264,59 @@ def test_background_writer_makes_the_same_shards_in_order_and_raises_its_errors(
     with pytest.raises(FeaturesWriteError, match="disk full while writing shard"):
         writer.flush()
     writer.shutdown()
+
+
+def test_background_shards_are_written_while_filling_and_read_back_by_the_safetensors_library(tmp_path):
+    """The background writer puts each sample's states into the shard's .tmp as it is added (before
+    the shard is full) and the header, padded to its reserved room, last: the shard is a valid
+    safetensors file for the reference library, with the tensors the synchronous writer writes."""
+    import torch
+    from safetensors.torch import load_file
+
+    big = (1 << 20) // (ROW_BYTES + 5) // 3
+    samples = [sample(i, big) for i in range(5)]
+    write(tmp_path / "sync", samples)
+    writer = FeaturesWriter.open(tmp_path / "bg", META, shard_mb=1, background=True)
+    writer.add(samples[0])
+    writer.add(samples[1])
+    writer._pool.submit(lambda: None).result()  # type: ignore[union-attr]  # the writer thread caught up
+    tmp = [p for p in (tmp_path / "bg" / SHARDS_DIR).iterdir() if p.name.endswith(".tmp")]
+    states_bytes = sum(s.hidden_states_bf16.nbytes for s in samples[:2])
+    assert len(tmp) == 1 and tmp[0].stat().st_size == writer.header_bytes + states_bytes  # on disk already
+    for s in samples[2:]:
+        writer.add(s)
+    writer.close()
+    sync_records, bg_records = list(iter_manifest(tmp_path / "sync")), list(iter_manifest(tmp_path / "bg"))
+    assert [r.sample_ids for r in bg_records] == [r.sample_ids for r in sync_records]
+    for got, want in zip(bg_records, sync_records, strict=True):
+        a = load_file(str(tmp_path / "bg" / SHARDS_DIR / got.shard))
+        b = load_file(str(tmp_path / "sync" / SHARDS_DIR / want.shard))
+        assert sorted(a) == sorted(b) == ["hidden_states", "input_ids", "loss_mask", "sample_offsets"]
+        for name in b:  # bit for bit (bf16 compared as int16)
+            x, y = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t for t in (a[name], b[name]))
+            assert torch.equal(x, y), name
+        assert got.bytes == (tmp_path / "bg" / SHARDS_DIR / got.shard).stat().st_size
+    reader = FeaturesReader(tmp_path / "bg", verify=True)  # xxh3-128 of each file equals its manifest line
+    assert reader.sample_ids == [s.sample_id for s in samples]
+    assert shard_files(tmp_path / "bg") == sorted(r.shard for r in bg_records)  # no .tmp left
+
+
+def test_background_shard_ends_when_its_header_room_is_full(tmp_path):
+    """Many samples with long ids: a background shard ends before its ids overflow the header room
+    (4 KiB for a 1 MiB shard), and every shard still verifies and reads back."""
+    long_ids = [
+        ExtractedSample(f"{i:04d}-" + "x" * 200, s.input_ids, s.loss_mask, s.hidden_states_bf16, AUX, FINAL)
+        for i, s in enumerate(sample(i, 2) for i in range(60))
+    ]
+    writer = FeaturesWriter.open(tmp_path, META, shard_mb=1, background=True)
+    for s in long_ids:
+        writer.add(s)
+    writer.close()
+    records = list(iter_manifest(tmp_path))
+    assert len(records) > 1 and sum(len(r.sample_ids) for r in records) == 60
+    for r in records:
+        with open(tmp_path / SHARDS_DIR / r.shard, "rb") as fh:
+            assert int.from_bytes(fh.read(8), "little") + 8 == writer.header_bytes
+    reader = FeaturesReader(tmp_path, verify=True)
+    assert reader.sample_ids == [s.sample_id for s in long_ids]
+    np.testing.assert_array_equal(reader[long_ids[-1].sample_id].hidden_states_bf16, long_ids[-1].hidden_states_bf16)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -181,23 +182,24 @@ def test_free_disk_precheck_fails_early(tmp_path, monkeypatch):
 
 def test_full_disk_midway_keeps_a_valid_manifest_and_resumes(tmp_path, monkeypatch):
     rows = make_prepared(tmp_path / "prep")
-    import eagle3.core.features_writer as fw
+    import builtins
 
-    real = fw.FeaturesWriter._write_shard
-    calls = {"n": 0}
+    real_open = builtins.open
+    opened = {"tmp": 0}
 
-    def write_shard(self, name, chunks):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise fw._write_error(OSError(errno.ENOSPC, "No space left"), self.dir, f"writing shard {name}", 1)
-        return real(self, name, chunks)
+    def full_open(path, mode="r", *args, **kwargs):  # the third shard file hits a full disk
+        if str(path).endswith(".tmp") and Path(path).parent.name == SHARDS_DIR and "w" in mode:
+            opened["tmp"] += 1
+            if opened["tmp"] == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(fw.FeaturesWriter, "_write_shard", write_shard)
+    monkeypatch.setattr(builtins, "open", full_open)
     server = FakeServer()
     with pytest.raises(FeaturesWriteError, match="disk full"):
         run(tmp_path / "prep", tmp_path / "out", "http://a", server.transport(), request_tokens=40, shard_mb=0.004)
+    monkeypatch.setattr(builtins, "open", real_open)
     assert len(FeaturesReader(tmp_path / "out", verify=True).records) == 2  # recorded shards are intact
-    monkeypatch.setattr(fw.FeaturesWriter, "_write_shard", real)
     run(tmp_path / "prep", tmp_path / "out", "http://a", FakeServer().transport())
     assert_features_equal(tmp_path / "out", rows)
 
