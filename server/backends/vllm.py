@@ -36,6 +36,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ CPU_KV_CACHE_GIB = 2.0
 MAX_NUM_SEQS = 256
 # the directory holding the ``eagle3`` package (site-packages, or the checkout)
 PACKAGE_ROOT = Path(importlib.util.find_spec("eagle3").origin or ".").parent.parent  # type: ignore[union-attr]
+HANDOVER_READERS = 8  # threads reading a batch's handover files (at most the allowed cores)
 SHM_DIR = "/dev/shm"  # noqa: S108 (only a parent: the handover dir is a private mkdtemp, mode 0700)
 
 
@@ -173,6 +175,9 @@ class VllmBackend:
         self._sampling: Any = None
         self._load_hidden_states: Any = None
         self._cleanup_hidden_states: Any = None
+        # handover readers: a batch's files are read and checked on up to this many cores at once
+        self._reader = ThreadPoolExecutor(max_workers=min(HANDOVER_READERS, len(os.sched_getaffinity(0))),
+                                          thread_name_prefix="eagle3-vllm-read")  # fmt: skip
 
     def load(self, progress: ProgressCallback) -> BackendInfo:
         started = time.monotonic()
@@ -244,19 +249,21 @@ class VllmBackend:
         if len(outputs) != len(batch):
             raise BackendError(f"vLLM returned {len(outputs)} outputs for {len(batch)} samples")
         paths = [(out.kv_transfer_params or {}).get("hidden_states_path") for out in outputs]
-        states: list[torch.Tensor] = []
-        try:
-            for index, (ids, path) in enumerate(zip(prompts, paths, strict=True)):
-                if not path:
-                    raise BackendError(f"sample {index}: vLLM returned no hidden states (kv_transfer_params)")
-                states.append(self._checked(index, ids["prompt_token_ids"], self._load_hidden_states(path)))
+        for index, path in enumerate(paths):
+            if not path:
+                raise BackendError(f"sample {index}: vLLM returned no hidden states (kv_transfer_params)")
+
+        def read(index: int) -> torch.Tensor:
+            return self._checked(index, prompts[index]["prompt_token_ids"], self._load_hidden_states(paths[index]))
+
+        try:  # the samples' files are read and checked in parallel (load_file and the checks release the GIL)
+            return list(self._reader.map(read, range(len(paths))))
         except (OSError, RuntimeError, ValueError) as exc:
             raise BackendError(f"reading vLLM hidden states failed: {type(exc).__name__}: {exc}") from exc
         finally:
             for path in paths:
                 if path:
                     self._cleanup_hidden_states(path)
-        return states
 
     def _checked(self, index: int, ids: list[int], data: dict[str, torch.Tensor]) -> torch.Tensor:
         """The sample's ``[T, L+1, H]`` states, or BackendError naming what is wrong with them."""
@@ -286,6 +293,7 @@ class VllmBackend:
             except Exception as exc:  # noqa: BLE001 (closing must not raise; the engine may be dead already)
                 logger.warning("vLLM engine shutdown: %s", exc)
             del llm
+        self._reader.shutdown(wait=True)
         if self.store_dir is not None:
             shutil.rmtree(self.store_dir, ignore_errors=True)
             self.store_dir = None
