@@ -158,6 +158,7 @@ def bench_http(
     model_dir: Path, prepared: Path, out: Path, max_batch_tokens: int, codec: str | None, backend: str = "hf"
 ) -> dict[str, Any]:
     args = ["--model", str(model_dir), "--backend", backend, "--max-batch-tokens", str(max_batch_tokens)]
+    args += ["--cache-memory-mb", "0"]  # each run computes its states (the cache has bench/cache_repeat.py)
     with LocalServer(args, out.parent / f"{out.name}.server.log") as server:
         server.wait_ready(timeout_s=600)
         rss_ready = server.peak_rss_bytes()

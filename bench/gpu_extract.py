@@ -94,6 +94,7 @@ def bench_backend(model: str, samples: list[list[int]], max_batch_tokens: int, d
 
 def bench_http(model: str, prepared: Path, tmp: Path, max_batch_tokens: int, device: str) -> dict[str, Any]:
     args = ["--model", model, "--backend", "hf", "--device", device, "--max-batch-tokens", str(max_batch_tokens)]
+    args += ["--cache-memory-mb", "0"]  # the verifier's path: repeats of the same samples must not hit a cache
     out: dict[str, Any] = {}
     with LocalServer(args, tmp / "server.log") as server:
         server.wait_ready(timeout_s=900)

@@ -224,7 +224,7 @@ def run(hidden_size: int, n_tokens: int, p50: int, max_batch_tokens: int, tmp: P
         "bare_stream": bench_bare_stream(total * raw_per_token),
     }
     args = ["--backend", "synthetic", "--synthetic-hidden-size", str(hidden_size)]
-    args += ["--max-batch-tokens", str(max_batch_tokens)]
+    args += ["--max-batch-tokens", str(max_batch_tokens), "--cache-memory-mb", "0"]  # every codec run computes
     with LocalServer(args, tmp / "server.log") as server:
         server.wait_ready(timeout_s=600)
         info = httpx.get(server.url + "/v1/info", timeout=10).json()
