@@ -53,6 +53,7 @@ from eagle3.core.protocol.frames import (
     ProtocolError,
     TruncatedStreamError,
 )
+from eagle3.core.protocol.generate import GenerateResponse
 from eagle3.core.protocol.limits import sample_id_problem
 from eagle3.core.protocol.prepared import PreparedSample
 from eagle3.core.protocol.wire import ServerInfo
@@ -294,6 +295,16 @@ class ExtractionClient:
             if time.monotonic() >= deadline:
                 raise APITimeoutError(f"no server ready after {timeout_s:.0f} s (last: {last})", url=self.url)
             self._sleep(poll_s)
+
+    # -- generation (client/generate.py) ---------------------------------------------------------
+
+    def generate(self, prompts: Iterable[Any], **settings: Any) -> GenerateResponse:
+        """``POST /v1/generate``: the verifier's reply to each prompt; ``settings`` are those of
+        ``eagle3.client.generate.generate`` (max_new_tokens, temperature, top_p, seed, stop_token_ids,
+        timeout_s)."""
+        from eagle3.client.generate import generate
+
+        return generate(self, prompts, **settings)
 
     # -- extraction -----------------------------------------------------------------------------
 

@@ -220,6 +220,8 @@ class ServerInfo(WireObject):
     protocol_version: int = PROTOCOL_VERSION
     benchmark_only: bool = False  # the synthetic backend: states that no model computed
     codec_auto: dict[str, float] = field(default_factory=dict)  # how codec auto decides (encode rate, link)
+    can_generate: bool = False  # POST /v1/generate is served (core/protocol/generate.py)
+    stop_token_ids: tuple[int, ...] = ()  # /v1/generate's default end of turn
     url: str = field(default="", metadata={"local": True})  # where the SDK asked; not on the wire
 
     def limit(self, name: str, default: int) -> int:

@@ -16,6 +16,9 @@ Invariants:
   real activations, so the codecs see realistic entropy). Batched equals single, bitwise.
 * Returned tensors are CPU, contiguous bf16 ``[n, len(aux) + 1, hidden]`` (the base contract).
 * The same seed and shape give the same pool on every host (``torch.Generator`` CPU stream).
+* No generation: there is no model to continue a prompt with. ``can_generate`` is False, so
+  ``POST /v1/generate`` answers 400 naming the backend before any work, and ``generate`` raises a
+  non-retryable ``BackendError`` (a toy continuation would let a pipeline train on text no verifier wrote).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import torch
 from eagle3.core.identity import tokenizer_sha256
 from eagle3.core.layers import check_aux_layer_ids, default_aux_layer_ids
 from eagle3.core.models import resolve_model_dir
-from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
+from eagle3.core.protocol.generate import Sampling
+from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, Generation, ProgressCallback
 
 POOL_ROWS = 1024  # distinct token rows; 1024 x 4 x 4096 x 2 B = 32 MiB at the 8B shape
 ROW_MULT = 1_000_003
@@ -55,6 +59,7 @@ def row_index(ids: Sequence[int]) -> torch.Tensor:
 
 class SyntheticBackend:
     name = "synthetic"
+    can_generate = False
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
@@ -102,6 +107,11 @@ class SyntheticBackend:
 
     def extract(self, batch: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         return [self.states(ids) for ids in batch]
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:  # noqa: ARG002
+        raise BackendError(
+            "the synthetic backend runs no model and cannot generate; serve --backend hf or vllm", retryable=False
+        )
 
     def close(self) -> None:
         self.pool = None
