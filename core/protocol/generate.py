@@ -129,7 +129,7 @@ def _no_unknown_keys(cls: type[WireObject], data: Any, where: str) -> None:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f"; known fields: {', '.join(known)}"
-            raise ProtocolError(f"{cls.__name__}.{where}{key}: unknown field{hint}")
+            raise ProtocolError(f"GenerateRequest.{where}{key}: unknown field{hint}")
 
 
 @dataclass(frozen=True)

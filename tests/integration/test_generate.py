@@ -35,7 +35,7 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def server(smollm2_dir: Path) -> Iterator[TestClient]:
-    settings = ServerSettings(  # type: ignore[call-arg]
+    settings = ServerSettings(
         model=str(smollm2_dir),
         backend="hf",
         dtype="float32",
@@ -54,7 +54,7 @@ def server(smollm2_dir: Path) -> Iterator[TestClient]:
 
 @pytest.fixture(scope="module")
 def sdk(server: TestClient) -> Iterator[ExtractionClient]:
-    with ExtractionClient(str(server.base_url), api_key=KEY, http_client=server, max_retries=0) as client:
+    with ExtractionClient(str(server.base_url), api_key=KEY, http_client=server, max_retries=0) as client:  # type: ignore[arg-type]
         yield client
 
 
@@ -87,10 +87,10 @@ def test_greedy_equals_transformers_generate(sdk: ExtractionClient, reference: A
     # several prompts in one request: transformers' batched generate on the same left-padded batch
     batch = sdk.generate(prompts, max_new_tokens=n_new)
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
+    padded = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
-        rows = reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_new, do_sample=False,
+        rows = reference.generate(input_ids=padded, attention_mask=mask, max_new_tokens=n_new, do_sample=False,
                                   pad_token_id=2)[:, width:].tolist()  # fmt: skip
     for reply, row in zip(batch.replies, rows, strict=True):
         want = row[: row.index(2) + 1] if 2 in row else row
@@ -122,7 +122,7 @@ def test_limits_and_auth(server: TestClient, sdk: ExtractionClient) -> None:
     anonymous = server.post("/v1/generate", json=body)
     assert anonymous.status_code == 401 and "API key" in anonymous.json()["error"]["message"]
     with (
-        ExtractionClient(url, api_key="wrong", http_client=server, max_retries=0) as bad,
+        ExtractionClient(url, api_key="wrong", http_client=server, max_retries=0) as bad,  # type: ignore[arg-type]
         pytest.raises(AuthenticationError),
     ):
         bad.generate([[1, 2, 3]], max_new_tokens=4)
@@ -169,7 +169,7 @@ def test_budgets_and_fairness_count_generated_tokens(server: TestClient, sdk: Ex
 
 
 def test_synthetic_backend_says_it_cannot_generate(smollm2_dir: Path) -> None:
-    settings = ServerSettings(model=str(smollm2_dir), backend="synthetic", max_batch_tokens=256)  # type: ignore[call-arg]
+    settings = ServerSettings(model=str(smollm2_dir), backend="synthetic", max_batch_tokens=256)
     with TestClient(create_app(settings)) as client:
         deadline = time.monotonic() + 120
         while client.get("/readyz").status_code != 200:
