@@ -71,7 +71,7 @@ def test_replies_are_the_verifiers_and_masks_cover_them(
     assert summary.n_selected == len(QUESTIONS) + 1 == len(samples) and summary.n_written == len(samples)
     assert read_meta(tmp_path / "out").tokenizer_sha256 == read_meta(prepared).tokenizer_sha256
     originals = {s.sample_id: Turns.of(s) for s in iter_prepared(prepared)}
-    model: Any = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     for sample in samples:
         orig = originals[sample.sample_id.removesuffix("-distill")]
         new = Turns.of(sample)
