@@ -42,6 +42,33 @@ if TYPE_CHECKING:
     from eagle3.server.runtime import Runtime
 
 logger = logging.getLogger(__name__)
+GENERATE_OPENAPI: dict[str, Any] = {  # the body is read and checked by hand (a byte limit first): say what it is
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "example": {
+                    "prompts": [{"id": "q1", "messages": [{"role": "user", "content": "Hi!"}]}],
+                    "max_new_tokens": 64,
+                    "temperature": 0.0,
+                    "top_p": 1.0,
+                    "seed": None,
+                    "stop_token_ids": None,
+                }
+            }
+        },
+    },
+    "responses": {
+        "200": {"description": "GenerateResponse (core/protocol/generate.py; docs/protocol.md, 'Generation')"},
+        "400": {
+            "description": "a field out of range, prompt + max_new_tokens over max_model_len, over the request cap"
+        },
+        "401": {"description": "missing or invalid API key"},
+        "413": {"description": "body over --max-body-mb"},
+        "429": {"description": "the tenant's in-flight quota or open requests are full; Retry-After"},
+        "503": {"description": "loading, draining, failed or overloaded; Retry-After"},
+    },
+}
 
 
 @dataclass(frozen=True)
