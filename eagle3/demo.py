@@ -34,6 +34,10 @@ from eagle3.local_server import LocalServer
 
 N_STEPS = 8
 # Training settings measured on this project's 2-core CPU machine (docs/training.md, "measured acceptance").
+# fp32: the distilled replies are the verifier's fp32 greedy output, as eval's verifier computes it; bf16
+# decoding on a CPU without bf16 matmul units is several times slower than fp32 (extraction then runs the
+# fp32 contract, one call per sequence on CPU).
+DEMO_SERVER_DTYPE = "float32"
 DISTILL_NEW_TOKENS = 48  # per reply
 DISTILL_PROMPTS_PER_REQUEST = 64  # one generate request: the verifier decodes 64 prompts as one batch
 DEMO_TRAIN = {"ttt_steps": 4, "max_batch_tokens": 512, "lr": 2e-3, "torch_threads": 2, "heldout_fraction": 0.05}
@@ -102,7 +106,8 @@ def run_demo(args: argparse.Namespace) -> int:
     vocab_dir = out / f"vocab-{args.draft_vocab_size}"
     features = out / "features"
     log_path = out / "server.log"
-    with LocalServer(["--model", args.model, "--backend", args.backend], log_path) as server:  # the one load
+    server_args = ["--model", args.model, "--backend", args.backend, "--dtype", DEMO_SERVER_DTYPE]
+    with LocalServer(server_args, log_path) as server:  # the one load of the verifier
         step(3, f"eagle3 serve --backend {args.backend}, then distill: the verifier's greedy replies to "
                 f"{args.samples} prompts through POST /v1/generate -> {distilled}")  # fmt: skip
         server.wait_ready(timeout_s=1800, on_phase=lambda phase: print(f"  server: {phase}"))
