@@ -58,6 +58,7 @@ from eagle3.client.request_samples import (
 from eagle3.client.retry import MAX_RETRY_AFTER_S, retry_delay_s, should_retry
 from eagle3.client.stream_read import Outcome, StreamCounters, read_stream
 from eagle3.core.protocol.frames import PROTOCOL_VERSION, ProtocolError, TruncatedStreamError
+from eagle3.core.protocol.generate import GenerateResponse
 from eagle3.core.protocol.wire import CACHE_MODES, ServerInfo
 from eagle3.core.sample import ExtractedSample
 
@@ -220,6 +221,16 @@ class ExtractionClient:
             if time.monotonic() >= deadline:
                 raise APITimeoutError(f"no server ready after {timeout_s:.0f} s (last: {last})", url=self.url)
             self._sleep(poll_s)
+
+    # -- generation (client/generate.py) ---------------------------------------------------------
+
+    def generate(self, prompts: Iterable[Any], **settings: Any) -> GenerateResponse:
+        """``POST /v1/generate``: the verifier's reply to each prompt; ``settings`` are those of
+        ``eagle3.client.generate.generate`` (max_new_tokens, temperature, top_p, seed, stop_token_ids,
+        timeout_s)."""
+        from eagle3.client.generate import generate
+
+        return generate(self, prompts, **settings)
 
     # -- extraction -----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from eagle3 import __version__
 from eagle3.client.cli import add_prepare_command
+from eagle3.client.distill_cli import add_distill_command
 from eagle3.client.errors import Eagle3Error
 from eagle3.client.extract_cli import add_extract_command
 from eagle3.client.prepare import PrepareError
@@ -76,6 +77,7 @@ def build_parser() -> ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=ArgumentParser)
     add_prepare_command(sub)
     add_vocab_command(sub)
+    add_distill_command(sub)
     add_extract_command(sub)
     add_trainer_commands(sub)
     add_demo_command(sub)

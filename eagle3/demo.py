@@ -1,15 +1,18 @@
 """``eagle3 demo``: the pipeline end to end on the embedded verifier and the builtin dataset.
 
-Steps: prepare (builtin:chatterbot with the verifier's chat template); distill (the verifier's own
-greedy replies to the first ``--samples`` prompts: a draft learns what the verifier will say, not what
-the corpus said); vocab; a resident ``eagle3 serve`` subprocess and ``extract_dataset`` through HTTP
-to a features directory (the path every user takes: nothing here talks to the verifier in-process for
-features); train; export (vLLM's flat EAGLE-3 format); eval: real speculative decoding with the
+Steps: prepare (builtin:chatterbot with the verifier's chat template); a resident ``eagle3 serve``
+subprocess, started once and used for both of the steps that need the verifier: distill (the
+verifier's own greedy replies to the first ``--samples`` prompts through ``POST /v1/generate``,
+``eagle3.client.distill``: a draft learns what the verifier will say, not what the corpus said) and,
+after vocab, ``extract_dataset`` through HTTP to a features directory (the path every user takes:
+nothing here loads the verifier in-process for distillation or features, so the pipeline loads it
+once); train; export (vLLM's flat EAGLE-3 format); eval: real speculative decoding with the
 verifier on the prompts of the held-out split (the training distribution, never trained on), printing
 τ and the speedup, and the offline τ that training computes on the same prompts' distilled answers
 (the online round walk replayed on their features: the two must agree, docs/training.md).
 
-Every step writes under ``--out``; a rerun redoes prepare/vocab (cheap) and resumes extraction.
+Every step writes under ``--out``; a rerun redoes prepare/vocab (cheap) and resumes distillation and
+extraction.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3.client.extract import ExtractConfig, ExtractSummary, extract_dataset
+from eagle3.client.distill import DistillConfig, distill_dataset
+from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.core.cli_args import add_model_argument, positive_int
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
@@ -30,6 +34,12 @@ from eagle3.local_server import LocalServer
 
 N_STEPS = 8
 # Training settings measured on this project's 2-core CPU machine (docs/training.md, "measured acceptance").
+# fp32: the distilled replies are the verifier's fp32 greedy output, as eval's verifier computes it; bf16
+# decoding on a CPU without bf16 matmul units is several times slower than fp32 (extraction then runs the
+# fp32 contract, one call per sequence on CPU).
+DEMO_SERVER_DTYPE = "float32"
+DISTILL_NEW_TOKENS = 48  # per reply
+DISTILL_PROMPTS_PER_REQUEST = 64  # one generate request: the verifier decodes 64 prompts as one batch
 DEMO_TRAIN = {"ttt_steps": 4, "max_batch_tokens": 512, "lr": 2e-3, "torch_threads": 2, "heldout_fraction": 0.05}
 # Speculative round cost in verifier decode forwards (bench/round_cost.py; docs/performance.md "Speculative
 # round cost"): a 5-token verify of the 135M verifier costs 2.2x a 1-token forward on this project's CPU (fp32,
@@ -58,8 +68,8 @@ def add_demo_command(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="run the pipeline end to end on the embedded verifier",
-        description="prepare -> distill -> vocab -> serve + extract over HTTP -> train -> export -> eval "
-        "(speculative decoding on held-out prompts: prints tau and the speedup).",
+        description="prepare -> serve (one load of the verifier) -> distill and extract over HTTP, vocab between "
+        "-> train -> export -> eval (speculative decoding on held-out prompts: prints tau and the speedup).",
     )
     p.add_argument("--out", type=Path, default=Path("demo_out"), help="work directory (default demo_out)")
     add_model_argument(p)
@@ -73,22 +83,12 @@ def add_demo_command(sub: Any) -> None:
     p.set_defaults(func=run_demo)
 
 
-def extract_via_server(prepared: Path, features: Path, model: str, backend: str, work_dir: Path) -> ExtractSummary:
-    """Start a local server, pull the whole prepared dataset to ``features`` (resumable), stop it."""
-    log_path = work_dir / "server.log"
-    with LocalServer(["--model", model, "--backend", backend], log_path) as server:
-        server.wait_ready(timeout_s=1800, on_phase=lambda phase: print(f"  server: {phase}"))
-        print(f"  server ready at {server.url} (log {log_path})")
-        return extract_dataset(prepared, features, server.url, config=ExtractConfig(progress=None))
-
-
 def step(n: int, text: str) -> None:
     print(f"[{n}/{N_STEPS}] {text}", flush=True)
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from eagle3.draft_trainer.config import load_config
-    from eagle3.draft_trainer.distill import regenerate
     from eagle3.draft_trainer.errors import DataError
     from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts
     from eagle3.draft_trainer.export import check_export, export_draft
@@ -103,16 +103,22 @@ def run_demo(args: argparse.Namespace) -> int:
     stats = prepare_dataset(BUILTIN_CHATTERBOT, prepared, model=args.model, config=PrepareConfig(overwrite=True))
     print(stats.format_text())
     distilled = out / "distilled"
-    step(3, f"distill: the verifier's greedy replies to {args.samples} prompts -> {distilled}")
-    t0 = time.monotonic()
-    regenerate(prepared, distilled, model_dir, max_samples=args.samples)
-    print(f"  {time.monotonic() - t0:.0f} s")
     vocab_dir = out / f"vocab-{args.draft_vocab_size}"
-    step(4, f"vocab -> {vocab_dir}")
-    print(format_vocab_stats(make_vocab(distilled, vocab_dir, args.draft_vocab_size)))
     features = out / "features"
-    step(5, f"eagle3 serve --backend {args.backend} + extract {distilled} -> {features} over HTTP")
-    print(extract_via_server(distilled, features, args.model, args.backend, out).format_text())
+    log_path = out / "server.log"
+    server_args = ["--model", args.model, "--backend", args.backend, "--dtype", DEMO_SERVER_DTYPE]
+    with LocalServer(server_args, log_path) as server:  # the one load of the verifier
+        step(3, f"eagle3 serve --backend {args.backend}, then distill: the verifier's greedy replies to "
+                f"{args.samples} prompts through POST /v1/generate -> {distilled}")  # fmt: skip
+        server.wait_ready(timeout_s=1800, on_phase=lambda phase: print(f"  server: {phase}"))
+        print(f"  server ready at {server.url} (log {log_path})")
+        distill = DistillConfig(max_samples=args.samples, max_new_tokens=DISTILL_NEW_TOKENS,
+                                prompts_per_request=DISTILL_PROMPTS_PER_REQUEST)  # fmt: skip
+        print(distill_dataset(prepared, distilled, server.url, config=distill).format_text())
+        step(4, f"vocab -> {vocab_dir}")
+        print(format_vocab_stats(make_vocab(distilled, vocab_dir, args.draft_vocab_size)))
+        step(5, f"extract {distilled} -> {features} over HTTP from the same server")
+        print(extract_dataset(distilled, features, server.url, config=ExtractConfig(progress=None)).format_text())
     run_dir = out / "run"
     step(6, f"train -> {run_dir}")
     overrides = {"features": str(features), "vocab": str(vocab_dir), "model": args.model, "out": str(run_dir),

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from eagle3.server.deps import authenticate, authenticate_unless, runtime_of, unavailable
 from eagle3.server.errors import ApiError
+from eagle3.server.generate import GENERATE_OPENAPI, handle_generate
 from eagle3.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from eagle3.server.openapi import EXTRACT_OPENAPI
 from eagle3.server.request_limits import ClientGoneError, check_content_type, read_body
@@ -121,3 +122,17 @@ async def _extract(request: Request, tenant: str, rt: Runtime) -> Response:
         ) from None
     headers = {"X-Request-Id": request_id, "Cache-Control": "no-store"}
     return FrameStreamResponse(stream, headers=headers, on_close=lambda: rt.connections.release(tenant))
+
+
+@api.post("/v1/generate", openapi_extra=GENERATE_OPENAPI)
+async def generate(request: Request, tenant: str = Depends(authenticate)) -> Response:
+    """The verifier's replies to prompts (core/protocol/generate.py; docs/protocol.md, "Generation")."""
+    rt = runtime_of(request)
+    if (err := unavailable(rt)) is not None:
+        raise err
+    check_content_type(request)
+    rt.connections.acquire(tenant)  # the same per-tenant cap as extract streams
+    try:
+        return await handle_generate(request, tenant, rt)
+    finally:
+        rt.connections.release(tenant)

@@ -30,11 +30,12 @@ from eagle3.core.masking import ChatTokenizer
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec
 from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
-from eagle3.server.backends import Backend, BackendConfig, BackendInfo, make_backend
+from eagle3.server.backends import Backend, BackendConfig, BackendError, BackendInfo, make_backend
 from eagle3.server.chat_limits import ChatLimits, chat_limits
 from eagle3.server.codec_choice import choose_codec, measure_encode_mb_s
 from eagle3.server.config import ServerSettings
 from eagle3.server.feature_cache import FeatureCache
+from eagle3.server.generate import default_stop_token_ids
 from eagle3.server.load_history import expected_load_s, load_key, record_load_s
 from eagle3.server.metrics import Metrics
 from eagle3.server.request_limits import TenantConnections
@@ -92,7 +93,9 @@ class Runtime:
             max_tenant_inflight_tokens=settings.max_tenant_inflight_tokens,
             metrics=self.metrics,
             interactive_max_tokens=settings.interactive_max_tokens,
+            generate=self._generate,
         )
+        self.stop_token_ids: tuple[int, ...] = ()  # /v1/generate's default end of turn (set at load)
         self.metrics.gauges = self.scheduler.gauges
         self.cache: FeatureCache | None = None  # opened once the backend is loaded (server/feature_cache.py)
         self.encoder_threads = settings.encoder_threads or encoder_threads_for_host()
@@ -117,6 +120,18 @@ class Runtime:
         if self._malloc_trim is not None:
             self._malloc_trim(0)
         return states
+
+    def _generate(self, work: Any) -> Any:
+        """One ``/v1/generate`` request (a ``GenerateWork``, server/generate.py) on the scheduler thread."""
+        backend = self.backend
+        if not getattr(backend, "can_generate", False):
+            raise BackendError(f"the {getattr(backend, 'name', '?')} backend cannot generate", retryable=False)
+        started = time.perf_counter()
+        out = backend.generate(work.prompts, work.sampling)  # type: ignore[union-attr]
+        self.metrics.inc("eagle3_stage_seconds_total", time.perf_counter() - started, stage="generate")
+        if self._malloc_trim is not None:
+            self._malloc_trim(0)
+        return out
 
     def _progress(self, phase: str, fraction: float) -> None:
         self.phase, self.progress = phase, max(0.0, min(1.0, float(fraction)))
@@ -146,6 +161,7 @@ class Runtime:
             self._progress("loading tokenizer", 0.96)
             self.chat = load_chat_tokenizer(info.model_dir)
             self.chat_limits = chat_limits(self.chat, info.max_model_len) if self.chat is not None else None
+            self.stop_token_ids = default_stop_token_ids(info.model_dir, self.chat)
             self.info = info
             bytes_per_token = info.n_layers_out * info.hidden_size * STATE_BYTES.get(info.dtype, 4)
             self.scheduler.max_buffered_tokens = request_buffer_tokens(
@@ -271,6 +287,8 @@ class Runtime:
             benchmark_only=info.backend == "synthetic",  # synthetic states, not a model's
             feature_cache=self.cache.describe() if self.cache is not None else {},
             interactive_max_tokens=s.interactive_max_tokens,
+            can_generate=bool(getattr(self.backend, "can_generate", False)),
+            stop_token_ids=self.stop_token_ids,
             codec_auto={
                 "encode_mb_s_per_core": round(self.encode_mb_s_per_core, 1),
                 "encoder_threads": self.encoder_threads,

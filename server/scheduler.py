@@ -15,6 +15,11 @@
   feature cache and only the misses reach the backend (server/feature_cache.py).
 * ``close`` (called exactly once per request, from the stream's ``finally``) drops the request's
   remaining work and returns whatever budget it still holds; releases never exceed the reservation.
+* A generate request (``POST /v1/generate``, server/generate.py) is one ``Sample`` whose ``generation``
+  is set: it is admitted, packed and taken in turn like any sample, charged prompt + ``max_new_tokens``
+  tokens (``n_tokens``), run by the ``generate`` function (one call per unit, after the pass's
+  extraction call); afterwards the tenant's fairness clock gives back the tokens it did not generate,
+  so generated tokens count toward a tenant's share exactly like extracted ones.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from eagle3.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 ExtractFn = Callable[[Sequence[Sequence[int]]], Sequence[Any]]
+GenerateFn = Callable[[Any], Any]  # a Sample's ``generation`` -> its result (server/generate.py)
 
 
 def request_buffer_tokens(max_batch_tokens: int, bytes_per_token: int, max_buffer_bytes: int) -> int:
@@ -68,10 +74,11 @@ class Sample:
     sample_id: str
     input_ids: list[int]
     loss_mask: list[int]
+    generation: Any = None  # a GenerateWork (server/generate.py): this unit is a whole generate request
 
     @property
     def n_tokens(self) -> int:
-        return len(self.input_ids)
+        return len(self.input_ids) if self.generation is None else int(self.generation.n_tokens)
 
 
 @dataclass
@@ -143,8 +150,10 @@ class Scheduler:
         metrics: Metrics | None = None,
         interactive_max_tokens: int = 0,
         cache: FeatureCache | None = None,
+        generate: GenerateFn | None = None,
     ) -> None:
         self.extract = extract
+        self.generate = generate
         self.max_batch_tokens = max_batch_tokens
         self.max_inflight_tokens = max_inflight_tokens
         self.max_tenant_inflight_tokens = max_tenant_inflight_tokens
@@ -353,20 +362,22 @@ class Scheduler:
     def _run_batch(self, batch: list[tuple[Request, Sample]]) -> None:
         started = time.monotonic()
         samples = [s for _, s in batch]
-        outputs, computed = compute_with_cache(
-            self.cache, samples, [r.use_cache for r, _ in batch], self._extract_isolating
-        )
+        use_cache = [r.use_cache and s.generation is None for r, s in batch]  # generation never cached
+        outputs, computed = compute_with_cache(self.cache, samples, use_cache, self._run_samples)
         computed_ids = {id(s) for s in computed}
         if computed:  # a pass served wholly from the cache ran no forward pass: no throughput figure
             n_tokens = sum(s.n_tokens for s in computed)
             elapsed_s = max(time.monotonic() - started, 1e-6)
-            rate = n_tokens / elapsed_s
-            self.throughput_tok_s = 0.8 * self.throughput_tok_s + 0.2 * rate if self.throughput_tok_s else rate
+            if all(s.generation is None for s in computed):  # the Retry-After rate is extraction's
+                rate = n_tokens / elapsed_s
+                self.throughput_tok_s = 0.8 * self.throughput_tok_s + 0.2 * rate if self.throughput_tok_s else rate
             self.metrics.inc("eagle3_forward_passes_total")
             self.metrics.observe_fill(n_tokens / self.max_batch_tokens)
         with self._cond:
             for (req, sample), (states, error) in zip(batch, outputs, strict=True):
-                if error is None and id(sample) in computed_ids:
+                if sample.generation is not None:
+                    self._charge_generation(req.tenant, sample, states if error is None else None)
+                elif error is None and id(sample) in computed_ids:
                     self.metrics.inc("eagle3_tokens_extracted_total", sample.n_tokens, tenant=req.tenant)
                 if req.closed or req.abort_error is not None:
                     req.outstanding_tokens -= sample.n_tokens
@@ -374,6 +385,38 @@ class Scheduler:
                 with self._lock:
                     req.results.append(Result(sample, states, error))
                 req.notify()
+
+    def _run_samples(self, samples: list[Sample]) -> list[tuple[Any, dict[str, Any] | None]]:
+        """Outputs in input order: the extraction samples in one call, then each generate unit alone."""
+        if all(s.generation is None for s in samples):
+            return self._extract_isolating(samples)
+        out: list[tuple[Any, dict[str, Any] | None]] = [(None, None)] * len(samples)
+        extract_at = [i for i, s in enumerate(samples) if s.generation is None]
+        if extract_at:
+            for i, output in zip(extract_at, self._extract_isolating([samples[i] for i in extract_at]), strict=True):
+                out[i] = output
+        for i, sample in enumerate(samples):
+            if sample.generation is not None:
+                out[i] = self._generate_one(sample)
+        return out
+
+    def _generate_one(self, sample: Sample) -> tuple[Any, dict[str, Any] | None]:
+        try:
+            if self.generate is None:
+                raise RuntimeError("this scheduler was built without a generate function")
+            return self.generate(sample.generation), None
+        except Exception as exc:  # the engine's failure must not kill the worker thread
+            logger.exception("backend failed to generate for request %r", sample.sample_id)
+            return None, sample_error(exc)
+
+    def _charge_generation(self, tenant: str, sample: Sample, result: Any) -> None:
+        """(condition held) The tenant's clock keeps prompt + generated tokens, not the reservation."""
+        used = int(sample.generation.used_tokens(result)) if result is not None else sample.n_tokens
+        if tenant in self._served:
+            self._served[tenant] -= max(0, sample.n_tokens - used)
+        if result is not None:
+            generated = used - int(sample.generation.prompt_tokens)
+            self.metrics.inc("eagle3_tokens_generated_total", generated, tenant=tenant)
 
     def _extract_isolating(self, samples: list[Sample]) -> list[tuple[Any, dict[str, Any] | None]]:
         """States per sample; when a packed call fails, each sample is retried alone so only the

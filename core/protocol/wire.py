@@ -222,6 +222,8 @@ class ServerInfo(WireObject):
     codec_auto: dict[str, float] = field(default_factory=dict)  # how codec auto decides (encode rate, link)
     feature_cache: dict[str, int] = field(default_factory=dict)  # empty: no cache; else its tiers' byte limits
     interactive_max_tokens: int = 0  # requests up to this many tokens use the interactive lane (0: no lane)
+    can_generate: bool = False  # POST /v1/generate is served (core/protocol/generate.py)
+    stop_token_ids: tuple[int, ...] = ()  # /v1/generate's default end of turn
     url: str = field(default="", metadata={"local": True})  # where the SDK asked; not on the wire
 
     @property

@@ -15,6 +15,21 @@ Invariants every backend keeps (tests/integration/test_backend_parity.py holds e
 * Returned tensors are on CPU, contiguous, in ``BackendInfo.dtype``; one per input, in input order.
 * ``extract`` raises ``BackendError`` for an engine failure; input validation (ids in range, length
   within context) happens before the scheduler, so a backend may assume valid input.
+
+``generate`` (``POST /v1/generate``, one call per request; tests/integration/test_generate.py and
+tests/integration/test_vllm_generate.py hold these):
+
+* Greedy (``temperature == 0``) is the engine's own greedy decoding: hf equals transformers
+  ``model.generate(do_sample=False)`` token for token, vllm equals vLLM's ``LLM.generate`` with
+  ``temperature=0`` on an engine without the extraction hooks.
+* A reply depends only on its own request (its prompts, their order and the sampling settings), never
+  on what else the server runs: a request is one unit of work, and a seeded sampled request gives the
+  same tokens every time on the same server.
+* Each reply stops right after the first token of ``stop_token_ids`` (kept, ``finish_reason
+  "stop"``) or after ``max_new_tokens`` tokens (``"length"``); prompt + ``max_new_tokens`` fits the
+  context (the route checks it before admission).
+* A backend that cannot generate has ``can_generate = False`` or no such attribute (the route answers
+  400 before any work); a ``generate`` it has raises a non-retryable ``BackendError``.
 """
 
 from __future__ import annotations
@@ -25,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
+
+    from eagle3.core.protocol.generate import Sampling
 
 ProgressCallback = Callable[[str, float], None]  # (phase, fraction in [0, 1])
 
@@ -104,6 +121,25 @@ class BackendInfo:
         return len(self.aux_layer_ids) + 1
 
 
+@dataclass(frozen=True)
+class Generation:
+    """One prompt's reply: the generated ids only (a stop token that ended it is the last one)."""
+
+    output_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+
+
+def cut_at_stop(ids: Sequence[int], stop_token_ids: Sequence[int], max_new_tokens: int) -> Generation:
+    """``ids`` up to and including the first stop token, at most ``max_new_tokens`` of them."""
+    stops = set(stop_token_ids)
+    out: list[int] = []
+    for token in list(ids)[:max_new_tokens]:
+        out.append(int(token))
+        if token in stops:
+            return Generation(out, "stop")
+    return Generation(out, "length")
+
+
 class Backend(Protocol):
     name: str
 
@@ -117,4 +153,17 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the engine (processes, memory). Idempotent."""
+        ...
+
+
+class GeneratingBackend(Backend, Protocol):
+    """A backend that also serves ``POST /v1/generate`` (hf, vllm; synthetic says it cannot). Optional:
+    the server treats a backend without ``can_generate`` (a test double, a third-party engine) as one
+    that cannot generate, so ``Backend`` itself does not require it."""
+
+    can_generate: bool
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
+        """One reply per prompt, in order (see the module invariants); ``sampling.stop_token_ids`` is
+        resolved (never None) by the caller."""
         ...

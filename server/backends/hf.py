@@ -17,6 +17,13 @@ Batching depends on the dtype's contract (docs/architecture.md, "Layer ids": fp3
 * fp32: every sample's states must be bitwise equal to transformers on that sample alone, and matmul
   kernels pick their blocking by row count, so on CPU each sequence runs through its own call; on CUDA
   sequences of equal length share one call (no padding).
+
+Generation (``generate``): the checkpoint is loaded as ``AutoModelForCausalLM`` (extraction runs its
+``base_model``, so the lm_head costs no extraction time) and each request is one call of transformers'
+own ``generate``: its prompts left-padded into one batch (as transformers batches them), greedy or
+sampled under ``torch.manual_seed(seed)`` inside ``fork_rng`` (the server's global RNG is untouched).
+A one-prompt request is therefore transformers' ``generate`` on that prompt alone, token for token.
+``--model dummy:<shape>`` has no lm_head: ``can_generate`` is False.
 """
 
 from __future__ import annotations
@@ -32,7 +39,15 @@ import torch
 
 from eagle3.core.layers import tap_module
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
-from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
+from eagle3.core.protocol.generate import Sampling
+from eagle3.server.backends.base import (
+    BackendConfig,
+    BackendError,
+    BackendInfo,
+    Generation,
+    ProgressCallback,
+    cut_at_stop,
+)
 from eagle3.server.backends.dummy_model import build_dummy_model, dummy_revision, is_dummy
 from eagle3.server.backends.identity import backend_info, checkpoint_from_config, open_checkpoint
 
@@ -46,14 +61,16 @@ class HfBackend:
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
-        self.model: Any = None
+        self.model: Any = None  # the base model (decoder stack, no lm_head): extraction
+        self.lm_model: Any = None  # the causal LM around it: generation (None for dummy models)
+        self.can_generate = False
         self.info: BackendInfo | None = None
         self._taps: dict[int, torch.Tensor] = {}  # module slot -> its output for the current call
         self._hooks: list[Any] = []
         self._copy_stream: Any = None  # CUDA only: device-to-host copies (``_to_host``)
 
     def load(self, progress: ProgressCallback) -> BackendInfo:
-        from transformers import AutoConfig, AutoModel
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         started = time.monotonic()
         device = self.config.device
@@ -72,12 +89,15 @@ class HfBackend:
             ckpt = open_checkpoint(self.config, progress)
             progress("loading weights", 0.1)
             placement = {"device_map": device} if device != "cpu" else {}
-            model = AutoModel.from_pretrained(  # base model: no lm_head
+            causal: Any = AutoModelForCausalLM.from_pretrained(
                 ckpt.model_dir,
                 dtype=DTYPES[self.config.dtype],
                 trust_remote_code=self.config.trust_remote_code,
                 **placement,
             )
+            self.lm_model = causal.to(device).eval().requires_grad_(False)
+            self.can_generate = True
+            model = causal.base_model  # the same modules: extraction never runs the lm_head
         model_dir = ckpt.model_dir
         self.model = model.to(device).eval().requires_grad_(False)
         self.device = torch.device(device)
@@ -183,10 +203,50 @@ class HfBackend:
                 group_tokens = n
         return groups
 
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
+        """transformers' ``generate`` on the request's prompts as one left-padded batch (module docstring)."""
+        if self.lm_model is None:
+            raise BackendError(
+                f"{self.config.model}: no lm_head to generate with (a dummy model); serve a checkpoint",
+                retryable=False,
+            )
+        from transformers import GenerationConfig
+
+        stops = list(sampling.stop_token_ids or ())
+        pad_id = stops[0] if stops else 0
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)  # [B, T]
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)  # [B, T]
+        config = GenerationConfig(  # type: ignore[no-untyped-call]
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not sampling.greedy,
+            temperature=sampling.temperature if not sampling.greedy else None,
+            top_p=sampling.top_p if not sampling.greedy else None,
+            top_k=0 if not sampling.greedy else None,  # only temperature and top_p shape the distribution
+            eos_token_id=stops or None,
+            pad_token_id=pad_id,
+        )
+        devices = [torch.cuda.current_device()] if self.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                if sampling.seed is not None:
+                    torch.manual_seed(sampling.seed)
+                out = self.lm_model.generate(
+                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config
+                )
+        except (RuntimeError, ValueError, IndexError) as exc:
+            raise BackendError(f"generate failed: {exc}") from exc
+        finally:
+            self._taps.clear()  # the extraction hooks fired on every decoding step
+        rows = out[:, width:].tolist()  # [B, <= max_new_tokens]
+        return [cut_at_stop(row, stops, sampling.max_new_tokens) for row in rows]
+
     def close(self) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
         self.model = None
+        self.lm_model = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -19,6 +19,9 @@ Invariants:
 * With ``tokens_per_s`` (``--synthetic-tokens-per-s``) an ``extract`` call lasts ``n_tokens / tokens_per_s``
   seconds (a verifier's forward pass of that speed: the scheduling benchmarks use it); the states
   are the same.
+* No generation: there is no model to continue a prompt with. ``can_generate`` is False, so
+  ``POST /v1/generate`` answers 400 naming the backend before any work, and ``generate`` raises a
+  non-retryable ``BackendError`` (a toy continuation would let a pipeline train on text no verifier wrote).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import torch
 from eagle3.core.identity import tokenizer_sha256
 from eagle3.core.layers import check_aux_layer_ids, default_aux_layer_ids
 from eagle3.core.models import resolve_model_dir
-from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
+from eagle3.core.protocol.generate import Sampling
+from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, Generation, ProgressCallback
 
 POOL_ROWS = 1024  # distinct token rows; 1024 x 4 x 4096 x 2 B = 32 MiB at the 8B shape
 ROW_MULT = 1_000_003
@@ -59,6 +63,7 @@ def row_index(ids: Sequence[int]) -> torch.Tensor:
 
 class SyntheticBackend:
     name = "synthetic"
+    can_generate = False
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
@@ -111,6 +116,11 @@ class SyntheticBackend:
         if rate:
             time.sleep(max(0.0, sum(len(ids) for ids in batch) / rate - (time.perf_counter() - started)))
         return out
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:  # noqa: ARG002
+        raise BackendError(
+            "the synthetic backend runs no model and cannot generate; serve --backend hf or vllm", retryable=False
+        )
 
     def close(self) -> None:
         self.pool = None

@@ -24,11 +24,20 @@ states), eager mode unless ``compile``, the tokenizer skipped (requests are toke
 Every returned sample is checked before it leaves: its token ids equal the request's, the shape is
 ``[n_tokens, len(aux) + 1, hidden]``, the dtype is ``info.dtype``, every value is finite; otherwise
 ``extract`` raises ``BackendError``. This is the only module (with its connector) that imports vllm.
+
+Generation (``generate``) is vLLM's own ``LLM.generate`` on the same engine, one call per request (vLLM
+batches its prompts continuously): ``temperature=0`` for greedy, else ``temperature``/``top_p`` with
+``seed + i`` for prompt ``i`` when a seed is given; ``ignore_eos`` with our ``stop_token_ids``, so the
+stop ids the request resolved are exactly what ends a reply. The extraction method's "draft" (the
+sampled token itself) is verified like any speculative token, so greedy output is vLLM's greedy output
+(tests/integration/test_vllm_generate.py compares it with an engine that has no extraction hooks). The
+connector still writes each prompt's states on finish; they are waited for and deleted unread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import importlib.util
 import logging
 import os
@@ -43,7 +52,15 @@ from typing import Any
 import torch
 
 from eagle3.core.engine_args import EngineArgsError, check_engine_args
-from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
+from eagle3.core.protocol.generate import Sampling
+from eagle3.server.backends.base import (
+    BackendConfig,
+    BackendError,
+    BackendInfo,
+    Generation,
+    ProgressCallback,
+    cut_at_stop,
+)
 from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_tag, remove_stale_dirs
 from eagle3.server.backends.hf import DTYPES
 from eagle3.server.backends.identity import backend_info, open_checkpoint
@@ -166,6 +183,7 @@ def bind_cpu_workers(tensor_parallel_size: int) -> None:
 
 class VllmBackend:
     name = "vllm"
+    can_generate = True
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
@@ -249,14 +267,14 @@ class VllmBackend:
         if len(outputs) != len(batch):
             raise BackendError(f"vLLM returned {len(outputs)} outputs for {len(batch)} samples")
         paths = [(out.kv_transfer_params or {}).get("hidden_states_path") for out in outputs]
-        for index, path in enumerate(paths):
-            if not path:
-                raise BackendError(f"sample {index}: vLLM returned no hidden states (kv_transfer_params)")
 
         def read(index: int) -> torch.Tensor:
             return self._checked(index, prompts[index]["prompt_token_ids"], self._load_hidden_states(paths[index]))
 
         try:  # the samples' files are read and checked in parallel (load_file and the checks release the GIL)
+            for index, path in enumerate(paths):
+                if not path:
+                    raise BackendError(f"sample {index}: vLLM returned no hidden states (kv_transfer_params)")
             return list(self._reader.map(read, range(len(paths))))
         except (OSError, RuntimeError, ValueError) as exc:
             raise BackendError(f"reading vLLM hidden states failed: {type(exc).__name__}: {exc}") from exc
@@ -264,6 +282,49 @@ class VllmBackend:
             for path in paths:
                 if path:
                     self._cleanup_hidden_states(path)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
+        """vLLM's ``LLM.generate`` on the request's prompts (module docstring)."""
+        if self.llm is None or self.info is None:
+            raise BackendError("backend not loaded")
+        import vllm
+
+        stops = [int(t) for t in sampling.stop_token_ids or ()]
+        params = [
+            vllm.SamplingParams(
+                max_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
+                seed=None if sampling.seed is None or sampling.greedy else (sampling.seed + i) % (1 << 63),
+                stop_token_ids=stops,
+                ignore_eos=True,  # our stop ids are the whole rule (they include the eos ids by default)
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
+        inputs = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompts]
+        try:
+            outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        except (ValueError, TypeError) as exc:
+            raise BackendError(f"vLLM rejected the input: {type(exc).__name__}: {exc}", retryable=False) from exc
+        except Exception as exc:
+            raise BackendError(f"vLLM generate failed: {type(exc).__name__}: {exc}") from exc
+        for out in outputs:  # the connector wrote each prompt's states: wait for the write, then delete
+            path = (out.kv_transfer_params or {}).get("hidden_states_path")
+            if path:
+                self._discard_hidden_states(path)
+        if len(outputs) != len(prompts):
+            raise BackendError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        return [cut_at_stop(list(out.outputs[0].token_ids), stops, sampling.max_new_tokens) for out in outputs]
+
+    def _discard_hidden_states(self, path: str) -> None:
+        """Delete a handover file unread, once its writer released the lock (else it would appear later)."""
+        try:
+            with open(path + ".lock") as lock:
+                fcntl.flock(lock, fcntl.LOCK_SH)  # sleeps until the writer's LOCK_EX is gone
+        except FileNotFoundError:
+            pass
+        self._cleanup_hidden_states(path)
 
     def _checked(self, index: int, ids: list[int], data: dict[str, torch.Tensor]) -> torch.Tensor:
         """The sample's ``[T, L+1, H]`` states, or BackendError naming what is wrong with them."""
