@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.eagle3-installed
 DEMO_STAMP := $(VENV)/.eagle3-demo-installed
 # `make demo`: every step, small (a few minutes); `make demo-full`: the sizes behind the τ figures in the docs
-DEMO_ARGS ?= --samples 128 --epochs 3 --eval-prompts 10
+DEMO_ARGS ?= --samples 64 --epochs 2 --eval-prompts 5
 
 .PHONY: env demo demo-full test check lint format clean
 
