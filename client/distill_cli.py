@@ -9,19 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.client.distill import DistillConfig, distill_dataset
-from eagle3.client.extract_cli import positive_float
 from eagle3.client.sdk import API_KEY_ENV, SERVER_URL_ENV
-from eagle3.core.cli_args import positive_int
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+from eagle3.core.cli_args import non_negative_float, positive_float, positive_int
 
 
 def add_distill_command(sub: Any) -> None:

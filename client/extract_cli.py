@@ -12,19 +12,9 @@ from typing import Any
 
 from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.sdk import API_KEY_ENV, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S
-from eagle3.core.cli_args import positive_int
+from eagle3.core.cli_args import positive_float, positive_int
 from eagle3.core.features_writer import DEFAULT_SHARD_MB
 from eagle3.core.protocol.frames import CODEC_NAMES
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
 
 
 def add_extract_command(sub: Any) -> None:
