@@ -19,10 +19,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from eagle3.client.errors import APIConnectionError, APIError, APITimeoutError, InvalidSampleError
-from eagle3.client.http_client import response_status_error
+from eagle3.client.errors import APIError, InvalidSampleError
 from eagle3.core.protocol.frames import ProtocolError
 from eagle3.core.protocol.generate import GenerateRequest, GenerateResponse
 from eagle3.core.protocol.prepared import PreparedSample
@@ -105,17 +102,9 @@ def generate(
 
     def call(url: str) -> GenerateResponse:
         request_id = uuid.uuid4().hex
-        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s, connect=10.0)}
+        answer = client._call_json("POST", url, "/v1/generate", request_id, body, timeout_s, parse=False)
         try:
-            resp = client._http.post(url + "/v1/generate", json=body, headers=client._headers(request_id), **extra)
-        except httpx.TimeoutException as exc:
-            raise APITimeoutError(f"{url}: generate timed out ({type(exc).__name__})", url=url) from None
-        except httpx.TransportError as exc:
-            raise APIConnectionError(f"{url}: connection failed: {exc or type(exc).__name__}", url=url) from None
-        if resp.status_code != 200:
-            raise response_status_error(resp, url)
-        try:
-            out = GenerateResponse.from_dict(resp.json())
+            out = GenerateResponse.from_dict(answer.json())
         except (ProtocolError, ValueError) as exc:
             raise APIError(f"{url}/v1/generate: unexpected answer ({exc})", url=url, request_id=request_id) from None
         got = [r.id for r in out.replies]

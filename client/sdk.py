@@ -374,15 +374,22 @@ class ExtractionClient:
         return headers
 
     def _get_json(self, url: str, path: str) -> Any:
+        return self._call_json("GET", url, path, uuid.uuid4().hex)
+
+    def _call_json(self, method: str, url: str, path: str, request_id: str, body: Any = None,
+                   timeout_s: float | None = None, parse: bool = True) -> Any:  # fmt: skip
+        """One JSON call (GET, or POST of ``body``): transport failures and non-200 answers become the
+        SDK's typed errors (``client/errors.py``); the parsed JSON (``parse``) or the response otherwise."""
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s, connect=10.0)}
         try:
-            resp = self._http.get(url + path, headers=self._headers(uuid.uuid4().hex))
+            resp = self._http.request(method, url + path, json=body, headers=self._headers(request_id), **extra)
         except httpx.TimeoutException as exc:
-            raise APITimeoutError(f"{url}: timed out ({type(exc).__name__})", url=url) from None
+            raise APITimeoutError(f"{url}{path}: timed out ({type(exc).__name__})", url=url) from None
         except httpx.TransportError as exc:
             raise APIConnectionError(f"{url}: connection failed: {exc or type(exc).__name__}", url=url) from None
         if resp.status_code != 200:
             raise response_status_error(resp, url)
-        return resp.json()
+        return resp.json() if parse else resp
 
     def _with_retries(self, call: Callable[[str], Any]) -> Any:
         attempt = 0
