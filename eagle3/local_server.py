@@ -42,6 +42,19 @@ def peak_rss_bytes(pid: int) -> int:
     return 0
 
 
+def die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM it when the process that started it dies, even by
+    SIGKILL, so a killed test run or demo never leaves its server (and the server's engines, which die
+    with it: server/backends/engine_guard.py) behind. A no-op elsewhere."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class LocalServer:
     def __init__(self, args: Sequence[str], log_path: Path, stop_timeout_s: float = 60.0) -> None:
         self.port = free_port()
@@ -57,7 +70,8 @@ class LocalServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,  # noqa: S603
+                                        preexec_fn=die_with_parent)  # fmt: skip
         return self
 
     def log_tail(self, n_chars: int = 4000) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 
 from eagle3.core.codec import decode_payload, parse_safetensors
 from eagle3.core.protocol.frames import Frame, FrameDecoder, FrameType
+from eagle3.local_server import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -80,7 +81,8 @@ class LiveServer:
             cmd += ["--api-keys-file", str(keys_file)]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
-        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                                        preexec_fn=die_with_parent)  # fmt: skip  # a killed pytest leaves no server
 
     def headers(self, tenant: str | None = None) -> dict[str, str]:
         key = self.keys[tenant] if tenant else next(iter(self.keys.values()), None)
