@@ -183,7 +183,9 @@ def from_speculators(
     if sample_ids is not None and len(sample_ids) != len(rows):
         raise DataError(f"{root / SIDECAR}: {len(sample_ids)} sample ids for {len(rows)} dataset rows; the "
                         "dataset changed after eagle3 convert wrote it: delete the sidecar, give --model")  # fmt: skip
-    meta = replace(meta, final_norm_applied=False, n_samples_total=meta.n_samples_total or len(rows))
+    meta = replace(meta, final_norm_applied=False)  # speculators' states are pre-norm by construction
+    if sample_ids is None and not meta.n_samples_total:
+        meta = replace(meta, n_samples_total=len(rows))  # the dataset it is filled from
     hs_dir = Path(hidden_states_dir) if hidden_states_dir is not None else root / HS_DIR
     if not hs_dir.is_dir():
         raise DataError(f"{hs_dir}: no hidden-states directory; run speculators' data_generation_offline.py "

@@ -14,6 +14,7 @@ from eagle3.core.layers import check_aux_layer_ids, default_aux_layer_ids
 from eagle3.core.models import resolve_model_dir
 from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
 
+
 @dataclass(frozen=True)
 class Checkpoint:
     model_dir: Path
