@@ -249,3 +249,22 @@ def test_convert_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["convert", str(tmp_path / "features"), "--out", str(tmp_path / "x"), "--to", "speculators",
                  "--model", str(model)]) == 1  # fmt: skip
     assert "leave it out" in capsys.readouterr().err
+
+
+def test_real_verifier_states_and_the_servers_identity(tmp_path: Path) -> None:
+    """States a real (tiny, random) Llama computed through the hf backend: the round trip is bitwise, and
+    the identity ``--model`` derives for a directory speculators wrote is the one the server reported."""
+    from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
+
+    model = tiny_llama_dir(tmp_path / "llama", n_layers=8)
+    write_features(random_samples(4, 97), tmp_path / "features", model, aux_layer_ids=None)  # the default taps
+    original = FeaturesReader(tmp_path / "features")
+    assert to_speculators(tmp_path / "features", tmp_path / "spec") == 4
+    (tmp_path / "spec" / "eagle3_features.json").unlink()  # now as speculators would have written it
+    assert from_speculators(tmp_path / "spec", tmp_path / "back", meta_from_model(model, model)) == (4, 0)
+    back = FeaturesReader(tmp_path / "back", verify=True)
+    assert back.meta == original.meta  # model name, revision, layers, sizes, tokenizer hash, sample count
+    for row, sample in enumerate(original):
+        got = back[f"hs_{row}"]
+        assert np.array_equal(got.hidden_states_bf16, sample.hidden_states_bf16)
+        assert np.array_equal(got.input_ids, sample.input_ids) and np.array_equal(got.loss_mask, sample.loss_mask)
