@@ -21,8 +21,10 @@ column of that name; the torch format hands it out as int64.) The trainer's read
 row ``i`` (``load_from_disk``) pairs with ``hs_<i>.safetensors`` (``load_file``); a row whose
 ``token_ids`` differ from its ``input_ids`` is dropped; it trains on ``hidden_states[:, :-1].flatten(1)``
 (the aux taps, ``[n, 3H]``), ``hidden_states[:, -1]`` (``verifier_last_hidden_states``) and the row's
-``loss_mask``. The vocabulary mapping comes from ``d2t.npy``/``t2d.npy`` in the directory or is built
-from ``token_freq.pt`` (``train.py`` ``parse_vocab_mappings``). A sample whose extraction failed is
+``loss_mask``. The vocabulary mapping comes from ``d2t.npy``/``t2d.npy`` in the directory (int64
+offsets ``[K]``, bool ``[V]``: eagle3's convention) or is built from ``token_freq.pt`` with
+``--draft-vocab-size`` (``train.py`` ``parse_vocab_mappings``, ``train/vocab_mapping.py``
+``build_vocab_mappings_from_distribution``). A sample whose extraction failed is
 skipped by the generator and leaves a hole in the ``hs_<i>`` numbering.
 
 The layers are eagle3's: ``launch_vllm.py`` passes ``eagle_aux_hidden_state_layer_ids = [2, N//2, N-3,
@@ -54,6 +56,7 @@ from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.sample import ExtractedSample
 from eagle3.draft_trainer.errors import DataError
 from eagle3.draft_trainer.interop import SIDECAR, bf16_bits, read_sidecar, write_sidecar
+from eagle3.draft_trainer.vocab import VOCAB_FILE, load_vocab
 
 HS_DIR = "hidden_states"  # speculators' default --hidden-states-path under the data path
 TOKEN_FREQ = "token_freq.pt"  # noqa: S105 (a file name)
@@ -65,10 +68,20 @@ def hs_path(hs_dir: Path, row: int) -> Path:
     return hs_dir / f"hs_{row}.safetensors"
 
 
-def to_speculators(features_dir: str | Path, out_dir: str | Path) -> int:
+def _save_npy(path: Path, array: np.ndarray[Any, Any]) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    with tmp.open("wb") as f:  # a file object: np.save would append .npy to a name
+        np.save(f, array)
+    os.replace(tmp, path)
+
+
+def to_speculators(features_dir: str | Path, out_dir: str | Path, vocab_dir: str | Path | None = None) -> int:
     """Write every sample of ``features_dir`` as a speculators data directory (the dataset rows, the
     ``hidden_states/hs_<row>.safetensors`` files, ``token_freq.pt``); returns the sample count.
-    ``out_dir`` must be new or empty: a speculators directory is one dataset, not appended to."""
+    ``vocab_dir`` (an ``eagle3 vocab`` output): also ``d2t.npy`` (int64 offsets) and ``t2d.npy`` (bool),
+    which speculators' ``train.py`` loads from its data path before building its own from
+    ``token_freq.pt``, so it trains the same draft vocabulary (the same convention: target id = draft
+    id + d2t). ``out_dir`` must be new or empty: a speculators directory is one dataset, written whole."""
     import pyarrow as pa
     from datasets import Dataset
     from datasets.table import InMemoryTable
@@ -80,6 +93,12 @@ def to_speculators(features_dir: str | Path, out_dir: str | Path) -> int:
         raise DataError(f"{features_dir}: the final state is post-norm (final_norm_applied: true, converted from "
                         "SpecForge); speculators needs the pre-norm state (it applies verifier_norm itself) and a "
                         "norm cannot be undone: extract the features with eagle3 serve")  # fmt: skip
+    vocab = None
+    if vocab_dir is not None:
+        vocab = load_vocab(vocab_dir)
+        if vocab.target_vocab_size != meta.vocab_size:
+            raise DataError(f"{Path(vocab_dir) / VOCAB_FILE}: t2d covers {vocab.target_vocab_size} target ids, the "
+                            f"features' verifier has {meta.vocab_size}: give this verifier's vocab")  # fmt: skip
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise DataError(f"{out}: not empty; a speculators data directory is written whole: give a new --out")
@@ -115,6 +134,9 @@ def to_speculators(features_dir: str | Path, out_dir: str | Path) -> int:
     freq = {int(t): int(counts[t]) for t in np.flatnonzero(counts)}
     torch.save(freq, out / (TOKEN_FREQ + ".partial"))
     os.replace(out / (TOKEN_FREQ + ".partial"), out / TOKEN_FREQ)
+    if vocab is not None:
+        _save_npy(out / "d2t.npy", vocab.d2t.astype(np.int64))
+        _save_npy(out / "t2d.npy", vocab.t2d.astype(bool))
     write_sidecar(out, meta, ids)
     return len(ids)
 

@@ -268,3 +268,47 @@ def test_real_verifier_states_and_the_servers_identity(tmp_path: Path) -> None:
         got = back[f"hs_{row}"]
         assert np.array_equal(got.hidden_states_bf16, sample.hidden_states_bf16)
         assert np.array_equal(got.input_ids, sample.input_ids) and np.array_equal(got.loss_mask, sample.loss_mask)
+
+
+def speculators_vocab(freq: dict[int, int], k: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """speculators' ``train/vocab_mapping.py`` ``build_vocab_mappings_from_distribution`` (@ c05b95b3):
+    what its train.py builds from ``token_freq.pt`` when the data path has no d2t.npy/t2d.npy."""
+    selected = sorted(freq, key=lambda tid: (-freq[tid], tid))[: min(k, len(freq))]
+    if len(selected) < k:
+        current = set(selected)
+        for tid in range(k):
+            if tid not in current:
+                selected.append(tid)
+            if len(selected) >= k:
+                break
+    selected.sort()
+    d2t = torch.tensor(selected, dtype=torch.long) - torch.arange(k, dtype=torch.long)
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[selected] = True
+    return d2t, t2d
+
+
+@pytest.mark.parametrize("k", [8, 80])  # 80: more than the distinct supervised tokens, so padded
+def test_the_draft_vocab_goes_along(tmp_path: Path, k: int) -> None:
+    from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
+
+    samples = features(tmp_path / "features", n_samples=7)
+    counts = np.zeros(META.vocab_size, dtype=np.int64)
+    for s in samples:
+        np.add.at(counts, s.input_ids[s.loss_mask == 1], 1)
+    vocab, stats = build_draft_vocab(counts, k)
+    assert (stats.padded_ids > 0) == (k == 80)
+    save_vocab(vocab, stats, counts, tmp_path / "vocab")
+    to_speculators(tmp_path / "features", tmp_path / "spec", tmp_path / "vocab")
+    d2t = torch.from_numpy(np.load(tmp_path / "spec" / "d2t.npy"))  # speculators' train.py _load_mappings
+    t2d = torch.from_numpy(np.load(tmp_path / "spec" / "t2d.npy"))
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and d2t.shape == (k,) and t2d.shape == (100,)
+    assert np.array_equal(d2t.numpy(), vocab.d2t) and np.array_equal(t2d.numpy(), vocab.t2d)
+    # without the .npy files speculators builds the same vocabulary from token_freq.pt
+    built = speculators_vocab(torch.load(tmp_path / "spec" / "token_freq.pt", weights_only=True), k, 100)
+    assert torch.equal(built[0], d2t) and torch.equal(built[1], t2d)
+
+    small, small_stats = build_draft_vocab(counts[:50], 8)
+    save_vocab(small, small_stats, counts[:50], tmp_path / "small")
+    with pytest.raises(DataError, match=r"vocab\.safetensors: t2d covers 50 target ids.*has 100"):
+        to_speculators(tmp_path / "features", tmp_path / "spec2", tmp_path / "small")
