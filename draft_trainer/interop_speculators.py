@@ -62,6 +62,7 @@ HS_DIR = "hidden_states"  # speculators' default --hidden-states-path under the 
 TOKEN_FREQ = "token_freq.pt"  # noqa: S105 (a file name)
 HS_KEYS = {"hidden_states", "token_ids"}
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+CHUNK_TOKENS = 2**31 - 1  # per arrow chunk of the dataset
 
 
 def hs_path(hs_dir: Path, row: int) -> Path:
@@ -75,6 +76,37 @@ def _save_npy(path: Path, array: np.ndarray[Any, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _list_column(parts: list[np.ndarray[Any, Any]], offsets: Any, dtype: Any) -> Any:
+    import pyarrow as pa
+
+    values = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+    return pa.ListArray.from_arrays(offsets, pa.array(values))
+
+
+def _rows_table(input_ids: list[np.ndarray[Any, Any]], masks: list[np.ndarray[Any, Any]]) -> Any:
+    """The dataset's arrow table: ``input_ids`` ``list<int32>``, ``loss_mask`` ``list<int64>``, ``seq_len``
+    int64, as ``datasets`` writes speculators' rows; in chunks of at most ``CHUNK_TOKENS`` tokens (a
+    list column's offsets are int32)."""
+    import pyarrow as pa
+
+    chunks: list[Any] = []
+    start = 0
+    while start < len(input_ids) or not chunks:
+        end, n_tokens = start, 0
+        while end < len(input_ids) and (end == start or n_tokens + len(input_ids[end]) <= CHUNK_TOKENS):
+            n_tokens += len(input_ids[end])
+            end += 1
+        lengths = np.array([len(t) for t in input_ids[start:end]], dtype=np.int64)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        ids, mask = (
+            _list_column(input_ids[start:end], offsets, np.int32),
+            _list_column(masks[start:end], offsets, np.int64),
+        )
+        chunks.append(pa.table({"input_ids": ids, "loss_mask": mask, "seq_len": pa.array(lengths)}))
+        start = end
+    return pa.concat_tables(chunks)
+
+
 def to_speculators(features_dir: str | Path, out_dir: str | Path, vocab_dir: str | Path | None = None) -> int:
     """Write every sample of ``features_dir`` as a speculators data directory (the dataset rows, the
     ``hidden_states/hs_<row>.safetensors`` files, ``token_freq.pt``); returns the sample count.
@@ -82,7 +114,6 @@ def to_speculators(features_dir: str | Path, out_dir: str | Path, vocab_dir: str
     which speculators' ``train.py`` loads from its data path before building its own from
     ``token_freq.pt``, so it trains the same draft vocabulary (the same convention: target id = draft
     id + d2t). ``out_dir`` must be new or empty: a speculators directory is one dataset, written whole."""
-    import pyarrow as pa
     from datasets import Dataset
     from datasets.table import InMemoryTable
     from safetensors.torch import save_file
@@ -119,15 +150,7 @@ def to_speculators(features_dir: str | Path, out_dir: str | Path, vocab_dir: str
         ids.append(sample.sample_id)
         input_ids.append(tokens.astype(np.int32))
         masks.append(mask)
-    lengths = np.array([len(t) for t in input_ids], dtype=np.int64)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-
-    def column(parts: list[np.ndarray[Any, Any]], dtype: Any) -> Any:
-        values = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-        return pa.ListArray.from_arrays(offsets, pa.array(values.astype(dtype)))
-
-    table = pa.table({"input_ids": column(input_ids, np.int32), "loss_mask": column(masks, np.int64),
-                      "seq_len": pa.array(lengths)})  # fmt: skip
+    table = _rows_table(input_ids, masks)
     dataset = Dataset(InMemoryTable(table))
     dataset.set_format("torch")
     dataset.save_to_disk(str(out))

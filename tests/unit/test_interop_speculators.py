@@ -312,3 +312,16 @@ def test_the_draft_vocab_goes_along(tmp_path: Path, k: int) -> None:
     save_vocab(small, small_stats, counts[:50], tmp_path / "small")
     with pytest.raises(DataError, match=r"vocab\.safetensors: t2d covers 50 target ids.*has 100"):
         to_speculators(tmp_path / "features", tmp_path / "spec2", tmp_path / "small")
+
+
+def test_the_rows_are_chunked_under_arrows_offset_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import eagle3.draft_trainer.interop_speculators as isp
+
+    samples = features(tmp_path / "features")
+    to_speculators(tmp_path / "features", tmp_path / "whole")
+    monkeypatch.setattr(isp, "CHUNK_TOKENS", 30)  # a list column's offsets are int32: 2**31 - 1 tokens a chunk
+    table = isp._rows_table([s.input_ids for s in samples], [s.loss_mask for s in samples])
+    assert len(table.column("input_ids").chunks) > 2 and table.num_rows == len(samples)
+    to_speculators(tmp_path / "features", tmp_path / "chunked")
+    whole, chunked = (datasets.load_from_disk(str(tmp_path / d)) for d in ("whole", "chunked"))
+    assert chunked.data.schema.equals(whole.data.schema) and chunked.with_format(None)[:] == whole.with_format(None)[:]
