@@ -132,7 +132,8 @@ def to_speculators(features_dir: str | Path, out_dir: str | Path, vocab_dir: str
                             f"features' verifier has {meta.vocab_size}: give this verifier's vocab")  # fmt: skip
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
-        raise DataError(f"{out}: not empty; a speculators data directory is written whole: give a new --out")
+        raise DataError(f"{out}: not empty; a speculators data directory is written whole: give a new --out "
+                        "(or delete a half-written one)")  # fmt: skip
     hs_dir = out / HS_DIR
     hs_dir.mkdir(parents=True)
     ids: list[str] = []
