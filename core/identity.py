@@ -73,3 +73,15 @@ def tokenizer_sha256(model_dir: Path) -> str:
     for name in tokenizer_files(model_dir):
         digest.update(name.encode() + b"\0" + (model_dir / name).read_bytes())
     return digest.hexdigest()
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+
+
+def checkpoint_revision(model_dir: Path) -> str:
+    """sha256 over config.json and the weight files' names and sizes (cheap: no weight bytes read)."""
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
+            digest.update(f"\0{path.name}\0{path.stat().st_size}".encode())
+    return digest.hexdigest()

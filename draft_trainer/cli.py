@@ -83,15 +83,28 @@ def add_trainer_commands(sub: Any) -> None:
 
     p = sub.add_parser(
         "convert",
-        help="convert features to or from SpecForge's offline hidden states",
+        help="convert features to or from SpecForge's or speculators' offline training data",
         description="eagle3 features -> SpecForge (--to specforge; the final state gets the verifier's norm, so "
-        "--model is needed) or SpecForge -> eagle3 features (--to eagle3; post-norm, final_norm_applied: true). "
+        "--model is needed) or -> vLLM speculators (--to speculators; pre-norm like eagle3, bit for bit); "
+        "either -> eagle3 features (--to eagle3; the source format is recognised, or --from). "
         "See docs/training.md, 'Other trainers' formats'.",
     )
-    p.add_argument("source", type=Path, help="features directory, or SpecForge hidden-states directory")
+    p.add_argument("source", type=Path, help="features directory, or a SpecForge / speculators data directory")
     p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--to", required=True, choices=("specforge", "eagle3"), help="target format")
-    p.add_argument("--model", default=None, help="the verifier (its final norm), for pre-norm features -> specforge")
+    p.add_argument("--to", required=True, choices=("specforge", "speculators", "eagle3"), help="target format")
+    p.add_argument("--from", dest="source_format", choices=("specforge", "speculators"), default=None,
+                   help="--to eagle3: the source's format (default: speculators if it holds state.json, else "
+                   "specforge)")  # fmt: skip
+    p.add_argument("--model", default=None, help="the verifier: its final norm (pre-norm features -> specforge), "
+                   "or the identity to record (-> eagle3 from a directory eagle3 did not write)")  # fmt: skip
+    p.add_argument("--aux-layer-ids", default=None, metavar="A,B,C",
+                   help="-> eagle3 with --model: the aux layers the source holds (default 2,N//2,N-3)")  # fmt: skip
+    p.add_argument("--hidden-states-path", type=Path, default=None,
+                   help="speculators -> eagle3: the hs_<row> files (default SOURCE/hidden_states)")  # fmt: skip
+    p.add_argument("--vocab", type=Path, default=None,
+                   help="-> speculators: an eagle3 vocab dir, written as d2t.npy/t2d.npy")  # fmt: skip
+    p.add_argument("--skip-missing", action="store_true",
+                   help="speculators -> eagle3: skip rows without an hs_<row> file (failed extractions)")  # fmt: skip
     p.set_defaults(func=run_convert)
 
     p = sub.add_parser(
@@ -162,14 +175,34 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_convert(args: argparse.Namespace) -> int:
     from eagle3.core.models import resolve_model_dir
-    from eagle3.draft_trainer.interop import from_specforge, to_specforge
+    from eagle3.draft_trainer.errors import DataError
+    from eagle3.draft_trainer.interop import from_specforge, meta_from_model, to_specforge
+    from eagle3.draft_trainer.interop_speculators import from_speculators, to_speculators
 
+    model = resolve_model_dir(args.model) if args.model else None
+    skipped = 0
+    if args.vocab is not None and args.to != "speculators":
+        raise DataError("--vocab: only --to speculators writes a vocabulary (d2t.npy, t2d.npy)")
     if args.to == "specforge":
-        model = resolve_model_dir(args.model) if args.model else None
         n = to_specforge(args.source, args.out, model)
+    elif args.to == "speculators":
+        if model is not None:
+            raise DataError("--model: speculators stores the pre-norm final state, as eagle3 does; leave it out")
+        n = to_speculators(args.source, args.out, args.vocab)
     else:
-        n = from_specforge(args.source, args.out)
-    print(f"converted {n} samples {args.source} -> {args.out} ({args.to})")
+        try:
+            aux = [int(x) for x in args.aux_layer_ids.split(",")] if args.aux_layer_ids else None
+        except ValueError:
+            raise DataError(f"--aux-layer-ids {args.aux_layer_ids!r}: expected comma-separated integers") from None
+        meta = meta_from_model(args.model, model, aux) if model is not None else None
+        source = args.source_format or ("speculators" if (args.source / "state.json").is_file() else "specforge")
+        if source == "speculators":
+            n, skipped = from_speculators(args.source, args.out, meta, hidden_states_dir=args.hidden_states_path,
+                                          skip_missing=args.skip_missing)  # fmt: skip
+        else:
+            n = from_specforge(args.source, args.out, meta)
+    note = f"; {skipped} rows without hidden states skipped" if skipped else ""
+    print(f"converted {n} samples {args.source} -> {args.out} ({args.to}){note}")
     return 0
 
 

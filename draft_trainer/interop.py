@@ -32,14 +32,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from eagle3.core.features_reader import FeaturesReader
 from eagle3.core.features_writer import FeaturesWriter
+from eagle3.core.identity import checkpoint_revision, model_config, tokenizer_sha256
+from eagle3.core.layers import check_aux_layer_ids, default_aux_layer_ids
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.sample import ExtractedSample
 from eagle3.draft_trainer.errors import DataError
@@ -60,6 +64,56 @@ def _norm_of(model_dir: str | Path) -> tuple[torch.Tensor, float]:
     config, tensors = load_verifier_tensors(model_dir)
     text = config.get("text_config") or config
     return tensors["norm"], float(text.get("rms_norm_eps", config.get("rms_norm_eps", 1e-6)))
+
+
+def bf16_bits(states: torch.Tensor) -> np.ndarray[Any, Any]:
+    """The bf16 bit patterns (uint16) eagle3's features store, from any float tensor (bf16: no rounding)."""
+    return states.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def write_sidecar(out: Path, meta: FeaturesMeta, sample_ids: list[str]) -> None:
+    """``eagle3_features.json``: the identity and the sample id of every index, so an export converts back."""
+    sidecar = {"meta": asdict(meta), "sample_ids": sample_ids}
+    tmp = out / (SIDECAR + ".partial")
+    tmp.write_text(json.dumps(sidecar, indent=1) + "\n")
+    tmp.replace(out / SIDECAR)
+
+
+def read_sidecar(root: Path, meta: FeaturesMeta | None) -> tuple[FeaturesMeta, list[str] | None]:
+    """The identity to record for an import (``meta`` if given, else the sidecar's) and the sidecar's sample
+    ids (None without one). A directory the other trainer wrote itself has no sidecar: ``meta`` is then
+    required (``meta_from_model``: the CLI's ``--model``)."""
+    path = root / SIDECAR
+    sample_ids: list[str] | None = None
+    if path.is_file():
+        try:
+            sidecar = json.loads(path.read_text())
+            fields = dict(sidecar["meta"])
+            fields["aux_layer_ids"] = tuple(fields["aux_layer_ids"])
+            meta = meta or FeaturesMeta(**fields)
+            sample_ids = [str(s) for s in sidecar["sample_ids"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{path}: not a valid {SIDECAR} ({exc}); delete it and give --model instead") from None
+    if meta is None:
+        raise DataError(f"{root}: no {SIDECAR} (not written by eagle3 convert); give the verifier (--model, or "
+                        "meta=meta_from_model(...)) for the identity to record")  # fmt: skip
+    return meta, sample_ids
+
+
+def meta_from_model(model: str | Path, model_dir: Path, aux_layer_ids: Sequence[int] | None = None) -> FeaturesMeta:
+    """The identity ``eagle3 extract`` would record for this verifier (what the server reports on
+    ``/v1/info``: model name, checkpoint revision, layers, sizes, tokenizer hash), for importing a
+    directory another trainer wrote itself. ``aux_layer_ids``: default 2, N//2, N-3 (eagle3's and both
+    other trainers' default)."""
+    config = model_config(model_dir)
+    n_layers = int(config["num_hidden_layers"])
+    try:
+        aux = check_aux_layer_ids(aux_layer_ids, n_layers) if aux_layer_ids else default_aux_layer_ids(n_layers)
+    except ValueError as exc:
+        raise DataError(f"--aux-layer-ids: {exc}") from None
+    name = str(model) if not Path(model).is_dir() else Path(model).resolve().name
+    return FeaturesMeta(name, checkpoint_revision(model_dir), aux, n_layers, int(config["hidden_size"]),
+                        int(config["vocab_size"]), "bfloat16", tokenizer_sha256(model_dir))  # fmt: skip
 
 
 def to_specforge(features_dir: str | Path, out_dir: str | Path, model_dir: str | Path | None = None) -> int:
@@ -95,8 +149,7 @@ def to_specforge(features_dir: str | Path, out_dir: str | Path, model_dir: str |
         }
         torch.save(record, path)
         ids.append(sample.sample_id)
-    sidecar = {"meta": asdict(replace(meta, final_norm_applied=True)), "sample_ids": ids}
-    (out / SIDECAR).write_text(json.dumps(sidecar, indent=1) + "\n")
+    write_sidecar(out, replace(meta, final_norm_applied=True), ids)
     return len(ids)
 
 
@@ -112,16 +165,7 @@ def from_specforge(specforge_dir: str | Path, out_dir: str | Path, meta: Feature
     ``final_norm_applied: true``). ``meta``: the identity to record; default the sidecar of an export
     made by ``to_specforge`` (a directory SpecForge wrote itself needs it given)."""
     root = Path(specforge_dir)
-    sidecar_path = root / SIDECAR
-    sample_ids: list[str] | None = None
-    if sidecar_path.is_file():
-        sidecar = json.loads(sidecar_path.read_text())
-        fields = sidecar["meta"]
-        fields["aux_layer_ids"] = tuple(fields["aux_layer_ids"])
-        meta = meta or FeaturesMeta(**fields)
-        sample_ids = sidecar["sample_ids"]
-    if meta is None:
-        raise DataError(f"{root}: no {SIDECAR}; give the model's identity (FeaturesMeta) for a SpecForge directory")
+    meta, sample_ids = read_sidecar(root, meta)
     meta = replace(meta, final_norm_applied=True)
     n_aux = len(meta.aux_layer_ids)
     writer = FeaturesWriter.open(out_dir, meta)
@@ -134,7 +178,7 @@ def from_specforge(specforge_dir: str | Path, out_dir: str | Path, meta: Feature
                 raise DataError(f"{path}: aux {tuple(aux.shape)} / hidden {tuple(final.shape)} do not match "
                                 f"{n_aux} x hidden_size {meta.hidden_size}")  # fmt: skip
             states = torch.cat([aux.reshape(n, n_aux, meta.hidden_size), final.unsqueeze(1)], dim=1)
-            bits = states.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+            bits = bf16_bits(states)
             sample_id = sample_ids[index] if sample_ids is not None else f"data_{index}"
             writer.add(ExtractedSample(sample_id, data["input_ids"].numpy().astype(np.int32),
                                        data["loss_mask"].numpy().astype(np.uint8), bits,

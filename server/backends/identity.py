@@ -4,27 +4,15 @@ vllm backends cannot report the same checkpoint differently."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.core.identity import tokenizer_sha256
+from eagle3.core.identity import checkpoint_revision, tokenizer_sha256
 from eagle3.core.layers import check_aux_layer_ids, default_aux_layer_ids
 from eagle3.core.models import resolve_model_dir
 from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
-
-
-def checkpoint_revision(model_dir: Path) -> str:
-    """sha256 over config.json and the weight files' names and sizes (cheap: no weight bytes read)."""
-    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
-            digest.update(f"\0{path.name}\0{path.stat().st_size}".encode())
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ def backend(smollm2_dir: Path) -> Iterator[Any]:
 
 
 def test_load_reports_progress_and_describes_the_verifier(backend: Any, smollm2_dir: Path) -> None:
-    from eagle3.server.backends.identity import checkpoint_revision
+    from eagle3.core.identity import checkpoint_revision
 
     fractions = [f for _, f in backend.phases]
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
