@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3.core.engine_args import EngineArgsError, parse_engine_args
 from eagle3.core.cli_args import MODEL_CHOICES_TEXT, MODEL_REQUIRED, MissingModelError
+from eagle3.core.engine_args import EngineArgsError, parse_engine_args
 from eagle3.core.knobs import Knob, KnobError, knob
 from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol.wire import REQUEST_CODECS

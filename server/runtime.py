@@ -109,7 +109,9 @@ class Runtime:
         self.progress = 0.0
         self.error: str | None = None
         self.started_at = time.monotonic()
-        self._load_key = load_key(settings.backend_model, settings.backend, settings.tensor_parallel_size or 1, settings.dtype)
+        self._load_key = load_key(
+            settings.backend_model, settings.backend, settings.tensor_parallel_size or 1, settings.dtype
+        )
         self._records_load = backend is None  # an injected backend (tests) is no evidence of a real load time
         self.expected_load_s = expected_load_s(self._load_key) if self._records_load else None
         self._thread: threading.Thread | None = None

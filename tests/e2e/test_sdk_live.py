@@ -27,6 +27,7 @@ import pytest
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.client.sdk import ExtractionClient
 from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol import iter_prepared
 from eagle3.core.protocol.features import MANIFEST_FILE, SHARDS_DIR, iter_manifest
 
@@ -43,8 +44,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def eagle3(*args: str, root: Path = REPO_ROOT, **kwargs: Any) -> subprocess.Popen[Any]:
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
+def eagle3(
+    *args: str, root: Path = REPO_ROOT, env: dict[str, str] | None = None, **kwargs: Any
+) -> subprocess.Popen[Any]:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "eagle3", *args], env=env, cwd=root, **kwargs)
 
 
@@ -57,9 +60,10 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with open(log_path, "wb") as log:
         backend = os.environ.get("EAGLE3_E2E_BACKEND", "hf")  # `--backend auto` would pick vllm
         # fp32: each sample's states are independent of what else shares its batch (bf16 pads groups of
-        # samples into one forward call, equal only to bf16 rounding), so runs compare bitwise
+        # samples into one forward call, equal only to bf16 rounding), so runs compare bitwise.
+        # The verifier comes from $EAGLE3_MODEL (no --model): the variable satisfies serve's required --model.
         proc = eagle3("serve", "--port", str(port), "--backend", backend, "--max-batch-tokens", "1024",
-                      "--dtype", "float32", "--heartbeat-s", "1",
+                      "--dtype", "float32", "--heartbeat-s", "1", env={"EAGLE3_MODEL": DEFAULT_MODEL},
                       root=SERVER_ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -88,7 +92,7 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out: Path = tmp_path_factory.mktemp("prep") / "prepared"
-    prepare_dataset(["builtin:chatterbot"], out, config=PrepareConfig(limit=N_SAMPLES))
+    prepare_dataset(["builtin:chatterbot"], out, model=DEFAULT_MODEL, config=PrepareConfig(limit=N_SAMPLES))
     return out
 
 

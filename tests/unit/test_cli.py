@@ -51,7 +51,14 @@ def test_bad_numbers_are_rejected(capsys, tmp_path, value):
 
 def test_missing_input_file_is_a_clear_error(capsys, tmp_path):
     code, _, err = run(
-        capsys, "prepare", "--input", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o"), "--model", DEFAULT_MODEL
+        capsys,
+        "prepare",
+        "--input",
+        str(tmp_path / "missing.jsonl"),
+        "--out",
+        str(tmp_path / "o"),
+        "--model",
+        DEFAULT_MODEL,
     )
     assert code == 1
     assert f"eagle3 prepare: error: input '{tmp_path / 'missing.jsonl'}' does not exist" in err

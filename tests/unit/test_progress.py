@@ -77,6 +77,8 @@ def test_prepare_progress_in_a_log(
              for i in range(70)]  # fmt: skip
     rows = [{"messages": t} for t in turns]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    prepare_dataset(str(src), tmp_path / "out", model=DEFAULT_MODEL, config=PrepareConfig(), tokenizer=smollm2_tokenizer)
+    prepare_dataset(
+        str(src), tmp_path / "out", model=DEFAULT_MODEL, config=PrepareConfig(), tokenizer=smollm2_tokenizer
+    )
     lines = assert_line_based(capsys.readouterr().err, "prepare", 70)
     assert lines[-1].startswith("prepare: 70row") and "kept=70" in lines[-1]
