@@ -10,6 +10,7 @@ checkout's ``server`` package (used while the server and SDK were developed on s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
+from eagle3.client.async_sdk import AsyncExtractionClient
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.client.sdk import ExtractionClient
 from eagle3.core.features_reader import FeaturesReader
@@ -182,3 +184,31 @@ def test_one_dead_server_of_two(server_url, prepared, reference, tmp_path):
     assert f"{N_SAMPLES} extracted" in result.stdout
     assert dead in result.stderr  # the failover was logged
     assert_same_features(out, reference)
+
+
+def test_async_client_returns_what_the_sync_client_returns(server_url, prepared):
+    """AsyncExtractionClient against the live server: the same samples bit for bit (awaited whole, and
+    one by one in arrival order), chat messages included, and the same greedy generation."""
+    samples: list[Any] = [*iter_prepared(prepared), [{"role": "user", "content": "What is a cat?"}]]
+    prompt = [{"role": "user", "content": "Name a colour."}]
+    with ExtractionClient(server_url) as client:
+        want = list(client.extract(samples))
+        want_reply = client.generate([prompt], max_new_tokens=8).replies[0]
+
+    async def run() -> tuple[list[Any], Any, int]:
+        async with AsyncExtractionClient(server_url) as client:
+            got = await client.extract(samples)
+            reply = (await client.generate([prompt], max_new_tokens=8)).replies[0]
+            again = sorted([s async for s in client.extract(samples[:4], ordered=False)], key=lambda s: s.sample_id)
+            return [got, again], reply, client.wire_bytes
+
+    (got, again), reply, wire_bytes = asyncio.run(run())
+    assert [s.sample_id for s in got] == [s.sample_id for s in want] and len(got) == N_SAMPLES + 1
+    first4 = sorted(want[:4], key=lambda s: s.sample_id)
+    for a, b in zip([*got, *again], [*want, *first4], strict=True):
+        assert a.sample_id == b.sample_id
+        np.testing.assert_array_equal(a.input_ids, b.input_ids)
+        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+        np.testing.assert_array_equal(a.hidden_states_bf16, b.hidden_states_bf16)
+    assert reply.output_ids == want_reply.output_ids and len(reply.output_ids) > 0
+    assert wire_bytes > 0
