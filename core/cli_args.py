@@ -60,8 +60,9 @@ def add_model_argument(parser: argparse.ArgumentParser, *, default: str | None =
     parser.add_argument("--model", default=default, help=f"the verifier: {MODEL_CHOICES_TEXT}{shown}")
 
 
-def require_model(model: str | None) -> str:
-    """``model`` if given; else ``MissingModelError`` saying what to pass."""
+def require_model(model: str | None, other_sources: str = "") -> str:
+    """``model`` if given; else ``MissingModelError`` saying what to pass (and ``other_sources``, the
+    command's other ways of giving it)."""
     if model is None or not model.strip():
-        raise MissingModelError()
+        raise MissingModelError(f"{MODEL_REQUIRED} ({other_sources})" if other_sources else MODEL_REQUIRED)
     return model

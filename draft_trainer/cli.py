@@ -142,7 +142,7 @@ def run_train(args: argparse.Namespace) -> int:
         overrides["model"] = args.model
     overrides.update(parse_overrides(args.set))
     cfg = load_config(args.config, overrides)
-    require_model(cfg.model or None)  # --model, or the key model of --config / --set
+    require_model(cfg.model or None, "or the key model of --config, or --set model=...")
     result = train(cfg)
     state = "stopped by SIGTERM (checkpoint saved; rerun to resume)" if result.stopped_early else "finished"
     print(f"train {state} at step {result.steps} in {result.train_s:.1f} s; run {result.run_dir}")

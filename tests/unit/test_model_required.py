@@ -54,7 +54,9 @@ def test_without_model_is_a_usage_error_naming_what_to_pass(
     for choice in ("local Hugging Face checkpoint directory", "org/name", "local Hugging Face cache", DEFAULT_MODEL):
         assert choice in err
     if command == "serve":
-        assert "EAGLE3_MODEL" in err and "--config" in err
+        assert "EAGLE3_MODEL" in err and "the key model of --config" in err
+    if command == "train":
+        assert "the key model of --config, or --set model=" in err
     assert list(tmp_path.iterdir()) == []  # nothing was written before the check
 
 
