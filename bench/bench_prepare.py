@@ -66,7 +66,11 @@ def time_workers(tokenizer: Any, src: Path, workers: int, work: Path) -> dict[st
     """Wall time of one prepare run with ``workers`` processes (start-up included)."""
     started = time.perf_counter()
     stats = prepare_dataset(
-        str(src), work / f"out-w{workers}", tokenizer=tokenizer, config=PrepareConfig(workers=workers, overwrite=True)
+        str(src),
+        work / f"out-w{workers}",
+        model=DEFAULT_MODEL,
+        tokenizer=tokenizer,
+        config=PrepareConfig(workers=workers, overwrite=True),
     )
     elapsed = time.perf_counter() - started
     return {"workers": workers, "seconds": round(elapsed, 3), "tokens_per_s": round(stats.total_tokens / elapsed, 1)}
@@ -75,10 +79,14 @@ def time_workers(tokenizer: Any, src: Path, workers: int, work: Path) -> dict[st
 def time_prepare(tokenizer: Any, convs: list[Conversation], copies: int, work: Path) -> dict[str, float]:
     src = write_input(convs, copies, work)
     started = time.perf_counter()
-    stats = prepare_dataset(str(src), work / f"out-{copies}", tokenizer=tokenizer, config=PrepareConfig())
+    stats = prepare_dataset(
+        str(src), work / f"out-{copies}", model=DEFAULT_MODEL, tokenizer=tokenizer, config=PrepareConfig()
+    )
     elapsed = time.perf_counter() - started
     tracemalloc.start()  # a second, traced pass: tracing slows Python several-fold, so it is not timed
-    prepare_dataset(str(src), work / f"out-{copies}", tokenizer=tokenizer, config=PrepareConfig(overwrite=True))
+    prepare_dataset(
+        str(src), work / f"out-{copies}", model=DEFAULT_MODEL, tokenizer=tokenizer, config=PrepareConfig(overwrite=True)
+    )
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return {

@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 
         export = export_draft(run / "draft", run.with_name(run.name + "-export"))
         for name, fraction in (("heldout-split", 0.05), ("unseen", None)):
-            result_eval = evaluate(export, prepared=work / "prepared", features=work / "features", k=4, n_prompts=10,
-                                   max_new_tokens=48, threads=1, heldout_fraction=fraction)  # fmt: skip
+            result_eval = evaluate(export, prepared=work / "prepared", features=work / "features", model="smollm2", k=4,
+                                   n_prompts=10, max_new_tokens=48, threads=1, heldout_fraction=fraction)  # fmt: skip
             print(result_eval.format_text(), flush=True)
             print(json.dumps({"prompts": name, **result_eval.to_dict()}), flush=True)
     return 0

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
-from eagle3.core.cli_args import add_model_argument, positive_int
+from eagle3.core.cli_args import add_model_argument, positive_int, require_model
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
 from eagle3.core.protocol import SAMPLES_FILE, STATS_FILE
 
@@ -59,6 +59,7 @@ def add_prepare_command(sub: Any) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
+    model = require_model(args.model)
     template = None
     if args.chat_template is not None:
         if not args.chat_template.is_file():
@@ -75,7 +76,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         workers=args.workers,
         trust_remote_code=args.trust_remote_code,
     )
-    stats = prepare_dataset(args.input, args.out, model=args.model, config=config)
+    stats = prepare_dataset(args.input, args.out, model=model, config=config)
     print(f"prepared {', '.join(args.input)} -> {args.out / SAMPLES_FILE}")
     print(stats.format_text())
     print(f"stats written to {args.out / STATS_FILE}")

@@ -25,6 +25,7 @@ from eagle3.core.protocol.generate import GenerateRequest, GenerateResponse
 from eagle3.core.protocol.prepared import PreparedSample
 
 if TYPE_CHECKING:
+    from eagle3.client.async_sdk import AsyncExtractionClient
     from eagle3.client.sdk import ExtractionClient
 
 Prompt = Any  # list[int] | list[message] | {"id"?, "input_ids"} | {"id"?, "messages"}
@@ -89,28 +90,52 @@ def generate(
     timeout_s: float | None = None,
 ) -> GenerateResponse:
     """One ``POST /v1/generate``: a reply per prompt, in order (see the module docstring)."""
-    request = generate_request(
-        prompts,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        stop_token_ids=stop_token_ids,
-    )
+    request = generate_request(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                               seed=seed, stop_token_ids=stop_token_ids)  # fmt: skip
     body = request.to_dict()
-    want = [p.id for p in request.prompts]
 
     def call(url: str) -> GenerateResponse:
         request_id = uuid.uuid4().hex
         answer = client._call_json("POST", url, "/v1/generate", request_id, body, timeout_s, parse=False)
-        try:
-            out = GenerateResponse.from_dict(answer.json())
-        except (ProtocolError, ValueError) as exc:
-            raise APIError(f"{url}/v1/generate: unexpected answer ({exc})", url=url, request_id=request_id) from None
-        got = [r.id for r in out.replies]
-        if got != want:
-            raise APIError(f"{url}/v1/generate: replies for {got[:5]}, asked for {want[:5]}", url=url)
-        return out
+        return generate_answer(answer, url, request_id, request)
 
     result: GenerateResponse = client._with_retries(call)
     return result
+
+
+async def agenerate(
+    client: AsyncExtractionClient,
+    prompts: Iterable[Prompt],
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop_token_ids: Iterable[int] | None = None,
+    timeout_s: float | None = None,
+) -> GenerateResponse:
+    """``generate`` of the async client: the same request, checks and retries."""
+    request = generate_request(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                               seed=seed, stop_token_ids=stop_token_ids)  # fmt: skip
+    body = request.to_dict()
+
+    async def call(url: str) -> GenerateResponse:
+        request_id = uuid.uuid4().hex
+        answer = await client._call_json("POST", url, "/v1/generate", request_id, body, timeout_s, parse=False)
+        return generate_answer(answer, url, request_id, request)
+
+    result: GenerateResponse = await client._with_retries(call)
+    return result
+
+
+def generate_answer(answer: Any, url: str, request_id: str, request: GenerateRequest) -> GenerateResponse:
+    """A 200 answer (``httpx.Response``) to ``request`` as the typed response: one reply per prompt, in order."""
+    try:
+        out = GenerateResponse.from_dict(answer.json())
+    except (ProtocolError, ValueError) as exc:
+        raise APIError(f"{url}/v1/generate: unexpected answer ({exc})", url=url, request_id=request_id) from None
+    got = [r.id for r in out.replies]
+    want = [p.id for p in request.prompts]
+    if got != want:
+        raise APIError(f"{url}/v1/generate: replies for {got[:5]}, asked for {want[:5]}", url=url)
+    return out

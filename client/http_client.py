@@ -45,6 +45,13 @@ def new_http_client(timeout_s: float, transport: httpx.BaseTransport | None) -> 
     return httpx.Client(timeout=timeout, transport=transport, follow_redirects=False, verify=verify)
 
 
+def new_async_http_client(timeout_s: float, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+    """``new_http_client`` for ``AsyncExtractionClient``: the same timeouts, redirects and TLS context."""
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+    verify: ssl.SSLContext | bool = shared_ssl_context() if transport is None else True
+    return httpx.AsyncClient(timeout=timeout, transport=transport, follow_redirects=False, verify=verify)
+
+
 def parse_server_info(data: Any, url: str) -> ServerInfo:
     """``GET /v1/info`` as the typed ``ServerInfo`` (``eagle3.core.protocol.wire``); a malformed answer
     is an ``APIError`` naming the field."""

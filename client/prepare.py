@@ -29,7 +29,7 @@ from eagle3.client.prepare_workers import RowResult, tokenize_rows
 from eagle3.core.conversations import RawRow, iter_rows
 from eagle3.core.identity import model_config, tokenizer_sha256
 from eagle3.core.masking import ChatTokenizer
-from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
+from eagle3.core.models import resolve_model_dir
 from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
 
@@ -76,14 +76,15 @@ def prepare_dataset(
     source: str | Sequence[str],
     out_dir: str | Path,
     *,
-    model: str = DEFAULT_MODEL,
+    model: str,
     config: PrepareConfig | None = None,
     tokenizer: Any = None,
 ) -> PrepareStats:
     """Prepare ``source`` (one input or several) into ``out_dir``; returns the stats.
 
-    With several inputs, sample ids are prefixed by the input's position (``"1/line7"``) so they
-    stay unique.
+    ``model`` (the verifier whose tokenizer, vocabulary and context length apply) has no default:
+    ``eagle3.core.models.resolve_model_dir`` accepts. With several inputs, sample ids are prefixed by
+    the input's position (``"1/line7"``) so they stay unique.
     """
     config = config or PrepareConfig()
     sources = [source] if isinstance(source, str) else list(source)

@@ -70,7 +70,8 @@ def _request_sample(sample: Sample, index: int) -> dict[str, Any]:
     if isinstance(sample, (list, tuple)) and sample and all(isinstance(m, Mapping) for m in sample):
         return {"id": str(index), "messages": _messages(sample, index)}
     if isinstance(sample, (list, tuple)):
-        return {"id": str(index), "input_ids": _token_ids(sample, index, "input_ids")}
+        ids = _token_ids(sample, index, "input_ids")
+        return {"id": str(index), "input_ids": ids, "loss_mask": [DEFAULT_LOSS_MASK] * len(ids)}  # explicit
     raise InvalidSampleError(
         f"sample {index}: expected token ids, chat messages or a dict, got {type(sample).__name__}"
     )

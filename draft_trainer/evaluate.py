@@ -159,7 +159,7 @@ def evaluate(
     *,
     prepared: str | Path,
     features: str | Path | None = None,
-    model: str = "SmolLM2-135M-Instruct",
+    model: str,
     k: int = 4,
     n_prompts: int = 10,
     max_new_tokens: int = 48,

@@ -132,6 +132,11 @@ def _all_reduce(tensor: torch.Tensor, world: int) -> torch.Tensor:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
+        if not cfg.model:
+            raise ConfigError(
+                "model is not set: give the verifier (--model, or the config key model) as a local Hugging Face "
+                "checkpoint directory, an org/name in the local Hugging Face cache, or SmolLM2-135M-Instruct"
+            )
         self.cfg = cfg
         torch.set_num_threads(cfg.torch_threads)
         self.device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))

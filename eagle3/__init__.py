@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; resolved lazily by __getattr__ (PEP 562)
 _EXPORTS = {
+    "AsyncExtractionClient": "eagle3.client.async_sdk",
     "ExtractionClient": "eagle3.client.sdk",
     "ExtractedSample": "eagle3.core.sample",
     "extract_dataset": "eagle3.client.extract",
@@ -36,6 +37,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
+    from eagle3.client.async_sdk import AsyncExtractionClient
     from eagle3.client.extract import ExtractConfig, extract_dataset
     from eagle3.client.prepare import PrepareConfig, prepare_dataset
     from eagle3.client.sdk import ExtractionClient
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from eagle3.core.sample import ExtractedSample
 
 __all__ = [
+    "AsyncExtractionClient",
     "Eagle3Error",
     "ExtractConfig",
     "ExtractedSample",

@@ -4,6 +4,8 @@ Each subcommand's arguments and runner live next to the code they drive (``clien
 ``draft_trainer/cli.py``, ``eagle3/demo.py``); this module only wires them and turns known errors
 into a one-line message and exit status 1. Unknown or misspelled options exit with status 2 and
 name the option (argparse abbreviations are off: ``--max`` never silently means ``--max-length``).
+A command that needs the verifier and got no ``--model`` (``MissingModelError``, raised before any
+work) is a usage error too: status 2, the subcommand's usage and what to pass.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from eagle3.client.errors import Eagle3Error
 from eagle3.client.extract_cli import add_extract_command
 from eagle3.client.prepare import PrepareError
 from eagle3.client.prepare_workers import WorkerError
+from eagle3.core.cli_args import MissingModelError
 from eagle3.core.conversations import SourceError
 from eagle3.core.masking import TemplateError
 from eagle3.core.models import ModelNotFoundError
@@ -123,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request is noise
     try:
         return int(args.func(args))
+    except MissingModelError as exc:
+        _subcommands(parser)[args.command].error(str(exc))
     except USER_ERRORS as exc:
         print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
         return 1

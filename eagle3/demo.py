@@ -27,7 +27,7 @@ from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.core.cli_args import add_model_argument, positive_int
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
-from eagle3.core.models import resolve_model_dir
+from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 from eagle3.draft_trainer.cli import format_vocab_stats
 from eagle3.draft_trainer.vocab import make_vocab
 from eagle3.local_server import LocalServer
@@ -72,7 +72,7 @@ def add_demo_command(sub: Any) -> None:
         "-> train -> export -> eval (speculative decoding on held-out prompts: prints tau and the speedup).",
     )
     p.add_argument("--out", type=Path, default=Path("demo_out"), help="work directory (default demo_out)")
-    add_model_argument(p)
+    add_model_argument(p, default=DEFAULT_MODEL)
     p.add_argument("--samples", type=positive_int, default=640, help="prompts distilled and trained on (default 640)")
     p.add_argument("--epochs", type=positive_int, default=8, help="training epochs (default 8)")
     p.add_argument("--draft-vocab-size", type=positive_int, default=8192, help="K (default 8192)")

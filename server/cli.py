@@ -39,7 +39,8 @@ def add_serve_command(sub: Any) -> None:
 
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerSettings:
-    """Flags, then ``EAGLE3_*`` variables, then ``--config``, then the defaults."""
+    """Flags, then ``EAGLE3_*`` variables, then ``--config``, then the defaults. ``--model`` (or
+    ``EAGLE3_MODEL``, or the key ``model``) is required unless ``--backend synthetic``."""
     config_file = getattr(args, "config", None) or (environ or os.environ).get("EAGLE3_CONFIG")
     try:
         config = load_config_file(config_file) if config_file else None
@@ -52,7 +53,9 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
     if values.get("tensor_parallel_size") is None:  # counting GPUs imports torch: only when vllm may run
         backend = values.get("backend", "auto")
         values["tensor_parallel_size"] = 1 if backend == "hf" else default_tensor_parallel_size()
-    return ServerSettings(**values)
+    settings = ServerSettings(**values)
+    settings.check_model()  # a usage error (status 2) naming what to pass
+    return settings
 
 
 # Kernel caches keyed by tensor shape: PyTorch's ideep LRU and oneDNN's primitive cache, 1,024 entries each
@@ -67,7 +70,7 @@ def run_serve(args: argparse.Namespace) -> int:
     for name, value in KERNEL_CACHE_ENV.items():
         os.environ.setdefault(name, value)  # the operator's own setting wins
     settings = settings_from_args(args)
-    if not is_embedded_name(settings.model) and not is_dummy(settings.model):
+    if settings.model is not None and not is_embedded_name(settings.model) and not is_dummy(settings.model):
         resolve_model_dir(settings.model)  # fail fast on a bad --model (the embedded one converts in the background)
     from eagle3.server.serve import serve
 

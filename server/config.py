@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3.core.cli_args import MODEL_CHOICES_TEXT, MODEL_REQUIRED, MissingModelError
 from eagle3.core.engine_args import EngineArgsError, parse_engine_args
 from eagle3.core.knobs import Knob, KnobError, knob
 from eagle3.core.models import DEFAULT_MODEL
@@ -38,7 +39,8 @@ class ServerSettings:
     of the ``--config`` file (``eagle3.core.knobs`` derives all three from these fields)."""
 
     # the verifier
-    model: str = knob(DEFAULT_MODEL, "local HF checkpoint dir or the embedded default's name")
+    model: str | None = knob(None, f"the verifier, required unless --backend synthetic: {MODEL_CHOICES_TEXT}",
+                             metavar="MODEL")  # fmt: skip
     backend: str = knob(
         "auto",
         "auto: vllm if importable, else hf; synthetic: no model, deterministic random "
@@ -179,6 +181,19 @@ class ServerSettings:
             compile=self.vllm_compile,
             engine_args=engine_args,
         )
+
+    def check_model(self) -> None:
+        """``MissingModelError`` unless a model is set or the backend needs none (synthetic). Checked by
+        ``eagle3 serve`` (after flags, variables and ``--config``) and by a ``Runtime`` that loads its own
+        backend; a test that injects a backend needs no model."""
+        if self.model is None and self.backend != "synthetic":
+            raise MissingModelError(f"{MODEL_REQUIRED} (or $EAGLE3_MODEL, or the key model of --config)")
+
+    @property
+    def backend_model(self) -> str:
+        """What the backend loads: ``model``. Without one (``--backend synthetic``, or an injected backend)
+        the embedded demo model, whose tokenizer and vocabulary the synthetic states then claim."""
+        return self.model if self.model is not None else DEFAULT_MODEL
 
     @property
     def synthetic_options(self) -> SyntheticOptions:

@@ -77,6 +77,8 @@ def encoder_threads_for_host() -> int:
 
 class Runtime:
     def __init__(self, settings: ServerSettings, backend: Backend | None = None) -> None:
+        if backend is None:
+            settings.check_model()  # before any thread starts: no model, no backend to load
         self.settings = settings
         self.backend = backend
         self.info: BackendInfo | None = None
@@ -107,7 +109,9 @@ class Runtime:
         self.progress = 0.0
         self.error: str | None = None
         self.started_at = time.monotonic()
-        self._load_key = load_key(settings.model, settings.backend, settings.tensor_parallel_size or 1, settings.dtype)
+        self._load_key = load_key(
+            settings.backend_model, settings.backend, settings.tensor_parallel_size or 1, settings.dtype
+        )
         self._records_load = backend is None  # an injected backend (tests) is no evidence of a real load time
         self.expected_load_s = expected_load_s(self._load_key) if self._records_load else None
         self._thread: threading.Thread | None = None
@@ -145,7 +149,7 @@ class Runtime:
         try:
             if self.backend is None:
                 config = BackendConfig(
-                    model=s.model,
+                    model=s.backend_model,
                     aux_layer_ids=s.aux_layer_ids,
                     dtype=s.dtype,
                     device=s.device,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol.features import MANIFEST_FILE, iter_manifest
 from eagle3.server.backends import engine_guard
 from tests.e2e.live_server import LiveServer, descendants, tiny_llama_dir, wait_gone
@@ -68,7 +69,8 @@ def chaos_run(args: list[str], tmp_path: Path, prepared_dir: Path, ready_timeout
 
 
 def test_hf_server_sigkilled_mid_run_leaves_nothing_and_the_client_resumes(tmp_path: Path, prepared: Path) -> None:
-    args = ["--backend", "hf", "--dtype", "float32", "--max-batch-tokens", "256", "--heartbeat-s", "1"]
+    args = ["--backend", "hf", "--model", DEFAULT_MODEL, "--dtype", "float32", "--max-batch-tokens", "256",
+            "--heartbeat-s", "1"]  # fmt: skip
     chaos_run(args, tmp_path, prepared, ready_timeout_s=180)
 
 

@@ -10,6 +10,7 @@ checkout's ``server`` package (used while the server and SDK were developed on s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -24,9 +25,11 @@ import httpx
 import numpy as np
 import pytest
 
+from eagle3.client.async_sdk import AsyncExtractionClient
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.client.sdk import ExtractionClient
 from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol import iter_prepared
 from eagle3.core.protocol.features import MANIFEST_FILE, SHARDS_DIR, iter_manifest
 
@@ -43,8 +46,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def eagle3(*args: str, root: Path = REPO_ROOT, **kwargs: Any) -> subprocess.Popen[Any]:
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
+def eagle3(
+    *args: str, root: Path = REPO_ROOT, env: dict[str, str] | None = None, **kwargs: Any
+) -> subprocess.Popen[Any]:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "eagle3", *args], env=env, cwd=root, **kwargs)
 
 
@@ -57,9 +62,10 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with open(log_path, "wb") as log:
         backend = os.environ.get("EAGLE3_E2E_BACKEND", "hf")  # `--backend auto` would pick vllm
         # fp32: each sample's states are independent of what else shares its batch (bf16 pads groups of
-        # samples into one forward call, equal only to bf16 rounding), so runs compare bitwise
+        # samples into one forward call, equal only to bf16 rounding), so runs compare bitwise.
+        # The verifier comes from $EAGLE3_MODEL (no --model): the variable satisfies serve's required --model.
         proc = eagle3("serve", "--port", str(port), "--backend", backend, "--max-batch-tokens", "1024",
-                      "--dtype", "float32", "--heartbeat-s", "1",
+                      "--dtype", "float32", "--heartbeat-s", "1", env={"EAGLE3_MODEL": DEFAULT_MODEL},
                       root=SERVER_ROOT, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -88,7 +94,7 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out: Path = tmp_path_factory.mktemp("prep") / "prepared"
-    prepare_dataset(["builtin:chatterbot"], out, config=PrepareConfig(limit=N_SAMPLES))
+    prepare_dataset(["builtin:chatterbot"], out, model=DEFAULT_MODEL, config=PrepareConfig(limit=N_SAMPLES))
     return out
 
 
@@ -178,3 +184,31 @@ def test_one_dead_server_of_two(server_url, prepared, reference, tmp_path):
     assert f"{N_SAMPLES} extracted" in result.stdout
     assert dead in result.stderr  # the failover was logged
     assert_same_features(out, reference)
+
+
+def test_async_client_returns_what_the_sync_client_returns(server_url, prepared):
+    """AsyncExtractionClient against the live server: the same samples bit for bit (awaited whole, and
+    one by one in arrival order), chat messages included, and the same greedy generation."""
+    samples: list[Any] = [*iter_prepared(prepared), [{"role": "user", "content": "What is a cat?"}]]
+    prompt = [{"role": "user", "content": "Name a colour."}]
+    with ExtractionClient(server_url) as client:
+        want = list(client.extract(samples))
+        want_reply = client.generate([prompt], max_new_tokens=8).replies[0]
+
+    async def run() -> tuple[list[Any], Any, int]:
+        async with AsyncExtractionClient(server_url) as client:
+            got = await client.extract(samples)
+            reply = (await client.generate([prompt], max_new_tokens=8)).replies[0]
+            again = sorted([s async for s in client.extract(samples[:4], ordered=False)], key=lambda s: s.sample_id)
+            return [got, again], reply, client.wire_bytes
+
+    (got, again), reply, wire_bytes = asyncio.run(run())
+    assert [s.sample_id for s in got] == [s.sample_id for s in want] and len(got) == N_SAMPLES + 1
+    first4 = sorted(want[:4], key=lambda s: s.sample_id)
+    for a, b in zip([*got, *again], [*want, *first4], strict=True):
+        assert a.sample_id == b.sample_id
+        np.testing.assert_array_equal(a.input_ids, b.input_ids)
+        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+        np.testing.assert_array_equal(a.hidden_states_bf16, b.hidden_states_bf16)
+    assert reply.output_ids == want_reply.output_ids and len(reply.output_ids) > 0
+    assert wire_bytes > 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol import iter_prepared
 from eagle3.draft_trainer.vocab import count_assistant_tokens, load_vocab
 
@@ -26,7 +27,7 @@ def eagle3(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "prepared"
-    proc = eagle3("prepare", "--input", "builtin:chatterbot", "--out", str(out))
+    proc = eagle3("prepare", "--input", "builtin:chatterbot", "--out", str(out), "--model", DEFAULT_MODEL)
     assert proc.returncode == 0, proc.stderr
     assert "kept             2,026 samples" in proc.stdout
     assert "length histogram" in proc.stdout and "assistant (" in proc.stdout
@@ -87,7 +88,8 @@ def test_an_output_path_that_cannot_be_created_is_one_line_not_a_traceback(tmp_p
 
     (tmp_path / "in.jsonl").write_text('{"prompt": "a", "response": "b"}\n')
     (tmp_path / "blocker").write_text("a file, not a directory")
-    code = main(["prepare", "--input", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "blocker" / "out")])
+    code = main(["prepare", "--input", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "blocker" / "out"),
+                 "--model", DEFAULT_MODEL])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1
     assert err.startswith("eagle3 prepare: error: ") and "blocker" in err and "Traceback" not in err

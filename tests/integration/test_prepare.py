@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from eagle3.client.prepare import PrepareConfig, PrepareError, prepare_dataset
-from eagle3.core.models import ModelNotFoundError
+from eagle3.core.models import DEFAULT_MODEL, ModelNotFoundError
 from eagle3.core.protocol import PreparedFormatError, iter_prepared, read_meta
 from tests.conftest import read_jsonl, write_jsonl
 
@@ -35,7 +35,7 @@ ROWS: list[dict[str, Any]] = [
 def prepare(tmp_path: Path, rows: list[Any], tokenizer: Any, **config: Any) -> tuple[Path, dict[str, Any]]:
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "prepared"
-    stats = prepare_dataset(str(src), out, config=PrepareConfig(**config), tokenizer=tokenizer)
+    stats = prepare_dataset(str(src), out, model=DEFAULT_MODEL, config=PrepareConfig(**config), tokenizer=tokenizer)
     return out, stats.to_dict()
 
 
@@ -123,7 +123,7 @@ def test_saved_datasets_dataset_and_dataset_dict(tmp_path, smollm2_tokenizer):
     rows = [ROWS[0], ROWS[2]]
     ds = datasets.Dataset.from_list([{"messages": ROWS[0]["messages"]}] * 3)
     ds.save_to_disk(str(tmp_path / "ds"))
-    stats = prepare_dataset(str(tmp_path / "ds"), tmp_path / "o1", tokenizer=smollm2_tokenizer)
+    stats = prepare_dataset(str(tmp_path / "ds"), tmp_path / "o1", model=DEFAULT_MODEL, tokenizer=smollm2_tokenizer)
     assert stats.kept == 3
     assert [s.sample_id for s in iter_prepared(tmp_path / "o1")] == ["row0", "row1", "row2"]
 
@@ -135,7 +135,11 @@ def test_saved_datasets_dataset_and_dataset_dict(tmp_path, smollm2_tokenizer):
     )
     dd.save_to_disk(str(tmp_path / "dd"))
     stats = prepare_dataset(
-        str(tmp_path / "dd"), tmp_path / "o2", tokenizer=smollm2_tokenizer, config=PrepareConfig(split="test")
+        str(tmp_path / "dd"),
+        tmp_path / "o2",
+        model=DEFAULT_MODEL,
+        tokenizer=smollm2_tokenizer,
+        config=PrepareConfig(split="test"),
     )
     assert stats.kept == 2
     assert next(iter_prepared(tmp_path / "o2")).source.endswith("dd[test] row 0")
@@ -143,6 +147,7 @@ def test_saved_datasets_dataset_and_dataset_dict(tmp_path, smollm2_tokenizer):
         prepare_dataset(
             str(tmp_path / "dd"),
             tmp_path / "o3",
+            model=DEFAULT_MODEL,
             tokenizer=smollm2_tokenizer,
             config=PrepareConfig(split="validation"),
         )
@@ -195,7 +200,7 @@ def test_memory_does_not_grow_with_the_dataset(tmp_path, smollm2_tokenizer):
         src = write_jsonl(tmp_path / f"{name}.jsonl", rows)
         tracemalloc.start()
         try:
-            prepare_dataset(str(src), tmp_path / name, tokenizer=smollm2_tokenizer)
+            prepare_dataset(str(src), tmp_path / name, model=DEFAULT_MODEL, tokenizer=smollm2_tokenizer)
             return tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -207,7 +212,7 @@ def test_memory_does_not_grow_with_the_dataset(tmp_path, smollm2_tokenizer):
 def test_several_inputs_keep_ids_unique(tmp_path, smollm2_tokenizer):
     a = write_jsonl(tmp_path / "a.jsonl", ROWS[:2])
     b = write_jsonl(tmp_path / "b.jsonl", ROWS[2:] + ROWS[:1])
-    stats = prepare_dataset([str(a), str(b)], tmp_path / "out", tokenizer=smollm2_tokenizer)
+    stats = prepare_dataset([str(a), str(b)], tmp_path / "out", model=DEFAULT_MODEL, tokenizer=smollm2_tokenizer)
     ids = [s.sample_id for s in iter_prepared(tmp_path / "out")]
     assert ids == ["0/line1", "0/line2", "1/line1", "1/line2"]
     assert stats.rows_read == 4
@@ -221,7 +226,7 @@ def test_full_disk_is_a_clear_error(tmp_path, smollm2_tokenizer):
     (out / "samples.jsonl.partial").symlink_to("/dev/full")
     src = write_jsonl(tmp_path / "in.jsonl", ROWS * 2000)  # more than one write buffer
     with pytest.raises(PrepareError, match="disk full while writing .*samples.jsonl.partial"):
-        prepare_dataset(str(src), out, tokenizer=smollm2_tokenizer)
+        prepare_dataset(str(src), out, model=DEFAULT_MODEL, tokenizer=smollm2_tokenizer)
     assert not (out / "samples.jsonl").exists()
 
 
@@ -238,7 +243,7 @@ def test_worker_processes_give_identical_output(tmp_path, smollm2_tokenizer):
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
         config = PrepareConfig(workers=workers, on_error="skip", max_length=60)
-        stats = prepare_dataset(str(src), out, tokenizer=smollm2_tokenizer, config=config)
+        stats = prepare_dataset(str(src), out, model=DEFAULT_MODEL, tokenizer=smollm2_tokenizer, config=config)
         outputs.append(((out / "samples.jsonl").read_bytes(), stats.to_dict()))
     assert outputs[0] == outputs[1]
     assert outputs[0][1]["dropped_by_reason"]["malformed"] == 4
@@ -248,7 +253,13 @@ def test_worker_processes_give_identical_output(tmp_path, smollm2_tokenizer):
 def test_worker_processes_stop_at_the_first_malformed_row(tmp_path, smollm2_tokenizer):
     src = write_jsonl(tmp_path / "in.jsonl", ROWS * 100 + ["{broken"] + ROWS * 100)
     with pytest.raises(PrepareError, match=r"in\.jsonl:301: invalid JSON"):
-        prepare_dataset(str(src), tmp_path / "out", tokenizer=smollm2_tokenizer, config=PrepareConfig(workers=2))
+        prepare_dataset(
+            str(src),
+            tmp_path / "out",
+            model=DEFAULT_MODEL,
+            tokenizer=smollm2_tokenizer,
+            config=PrepareConfig(workers=2),
+        )
 
 
 def test_a_dead_worker_is_an_error_not_a_hang(tmp_path, smollm2_tokenizer):

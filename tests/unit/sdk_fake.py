@@ -53,6 +53,22 @@ def blob(hidden: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> bytes:
     return b"".join(bytes(c) for c in build_safetensors(tensors))
 
 
+def as_async(handle: Callable[[httpx.Request], httpx.Response]) -> Callable[[httpx.Request], Any]:
+    """A sync MockTransport handler as an async one (what an ``httpx.AsyncClient`` needs)."""
+
+    async def handle_async(request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        resp = handle(request)
+
+        async def body() -> Any:
+            for chunk in resp.stream:  # type: ignore[union-attr]
+                yield chunk
+
+        return httpx.Response(resp.status_code, headers=resp.headers, content=body())
+
+    return handle_async
+
+
 @dataclass
 class Call:
     """What one /v1/extract call should do (default: answer everything correctly)."""
@@ -96,6 +112,11 @@ class FakeServer:
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
+
+    def async_transport(self) -> httpx.MockTransport:
+        """The same server for an ``httpx.AsyncClient``: the same answers, the body as an async stream in
+        the same chunks."""
+        return httpx.MockTransport(as_async(self.handle))
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/readyz":

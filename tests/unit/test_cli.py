@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from eagle3.cli import main
+from eagle3.core.models import DEFAULT_MODEL
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -49,7 +50,16 @@ def test_bad_numbers_are_rejected(capsys, tmp_path, value):
 
 
 def test_missing_input_file_is_a_clear_error(capsys, tmp_path):
-    code, _, err = run(capsys, "prepare", "--input", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o"))
+    code, _, err = run(
+        capsys,
+        "prepare",
+        "--input",
+        str(tmp_path / "missing.jsonl"),
+        "--out",
+        str(tmp_path / "o"),
+        "--model",
+        DEFAULT_MODEL,
+    )
     assert code == 1
     assert f"eagle3 prepare: error: input '{tmp_path / 'missing.jsonl'}' does not exist" in err
 
@@ -69,6 +79,8 @@ def test_missing_chat_template_file(capsys, tmp_path):
         str(tmp_path),
         "--chat-template",
         str(tmp_path / "t.jinja"),
+        "--model",
+        DEFAULT_MODEL,
     )
     assert code == 1 and "--chat-template" in err and "does not exist" in err
 

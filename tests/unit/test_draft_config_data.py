@@ -88,6 +88,7 @@ def test_cli_rejects_unknown_options(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_cli_train_reports_bad_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["train", "--features", str(tmp_path), "--vocab", "v", "--out", str(tmp_path / "run")])
+    code = main(["train", "--features", str(tmp_path), "--vocab", "v", "--out", str(tmp_path / "run"),
+                 "--model", "SmolLM2-135M-Instruct"])  # fmt: skip
     assert code == 1
     assert "not a features directory" in capsys.readouterr().err

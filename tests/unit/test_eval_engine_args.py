@@ -52,6 +52,6 @@ def test_both_engines_get_the_same_settings_and_differ_only_by_the_draft(tmp_pat
 
 def test_cli_rejects_a_malformed_engine_arg_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["eval", str(tmp_path / "export"), "--prepared", str(tmp_path / "p"), "--engine", "vllm",
-                 "--engine-arg", "max_num_seqs"])  # fmt: skip
+                 "--model", "SmolLM2-135M-Instruct", "--engine-arg", "max_num_seqs"])  # fmt: skip
     assert code == 1
     assert "--engine-arg 'max_num_seqs': expected KEY=VALUE" in capsys.readouterr().err

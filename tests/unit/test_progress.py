@@ -12,6 +12,7 @@ import pytest
 
 from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
+from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.progress import ProgressBar
 from tests.unit.sdk_fake import FakeServer
 from tests.unit.test_sdk_extract import make_prepared
@@ -76,6 +77,8 @@ def test_prepare_progress_in_a_log(
              for i in range(70)]  # fmt: skip
     rows = [{"messages": t} for t in turns]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    prepare_dataset(str(src), tmp_path / "out", config=PrepareConfig(), tokenizer=smollm2_tokenizer)
+    prepare_dataset(
+        str(src), tmp_path / "out", model=DEFAULT_MODEL, config=PrepareConfig(), tokenizer=smollm2_tokenizer
+    )
     lines = assert_line_based(capsys.readouterr().err, "prepare", 70)
     assert lines[-1].startswith("prepare: 70row") and "kept=70" in lines[-1]

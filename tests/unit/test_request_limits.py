@@ -151,8 +151,8 @@ def test_api_keys_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
     keys_file.write_text("alice: key-from-file\n")
     monkeypatch.setenv("EAGLE3_API_KEYS_FILE", str(keys_file))
     monkeypatch.setenv("EAGLE3_API_KEYS", '{"bob": "key-from-env"}')
-    args = build_parser().parse_args(["serve", "--backend", "hf"])
+    args = build_parser().parse_args(["serve", "--backend", "hf", "--model", "SmolLM2-135M-Instruct"])
     assert settings_from_args(args).api_keys == {"key-from-file": "alice", "key-from-env": "bob"}
     monkeypatch.setenv("EAGLE3_API_KEYS_FILE", str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="missing"):
-        settings_from_args(build_parser().parse_args(["serve", "--backend", "hf"]))
+        settings_from_args(build_parser().parse_args(["serve", "--backend", "hf", "--model", "SmolLM2-135M-Instruct"]))

@@ -19,7 +19,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     add_serve_command(sub)
-    return parser.parse_args(["serve", "--backend", "hf", *argv])
+    return parser.parse_args(["serve", "--backend", "hf", "--model", "SmolLM2-135M-Instruct", *argv])
 
 
 def settings(argv: list[str], env: dict[str, str] | None = None) -> ServerSettings:
