@@ -36,6 +36,7 @@ connector still writes each prompt's states on finish; they are waited for and d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import importlib.util
@@ -65,6 +66,7 @@ from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_t
 from eagle3.server.backends.hf import DTYPES
 from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
+from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
 
 logger = logging.getLogger(__name__)
 CPU_KV_CACHE_GIB = 2.0
@@ -193,6 +195,7 @@ class VllmBackend:
         self._sampling: Any = None
         self._load_hidden_states: Any = None
         self._cleanup_hidden_states: Any = None
+        self.phases: PhaseTracker | None = None  # the engine phases seen during load (vllm_phases.py)
         # handover readers: a batch's files are read and checked on up to this many cores at once
         self._reader = ThreadPoolExecutor(max_workers=min(HANDOVER_READERS, len(os.sched_getaffinity(0))),
                                           thread_name_prefix="eagle3-vllm-read")  # fmt: skip
@@ -232,8 +235,12 @@ class VllmBackend:
             bind_cpu_workers(self.config.tensor_parallel_size)
         progress(f"starting vLLM {vllm.__version__} engine (tp={self.config.tensor_parallel_size}, {device})", 0.05)
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup_warning)
+        # the engine's own phases, read from its log records (server/backends/vllm_phases.py)
+        phase_log = engine_phase_log(Path(self.store_dir), kwargs, os.environ)
+        self.phases = PhaseTracker(progress, floor=0.05)
         try:
-            self.llm = vllm.LLM(**kwargs)
+            with PhaseWatcher(phase_log, self.phases) if phase_log else contextlib.nullcontext():
+                self.llm = vllm.LLM(**kwargs)
             self.info = backend_info(ckpt, self.config, self.name, device)
             progress("warming up", 0.95)
             self.extract([[0] * min(8, max_model_len)])
