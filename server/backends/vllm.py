@@ -195,7 +195,7 @@ class VllmBackend:
         self._sampling: Any = None
         self._load_hidden_states: Any = None
         self._cleanup_hidden_states: Any = None
-        self.phases: PhaseTracker | None = None  # the engine phases seen during load (vllm_phases.py)
+        self.engine_phases: PhaseTracker | None = None  # the engine phases seen during load (vllm_phases.py)
         # handover readers: a batch's files are read and checked on up to this many cores at once
         self._reader = ThreadPoolExecutor(max_workers=min(HANDOVER_READERS, len(os.sched_getaffinity(0))),
                                           thread_name_prefix="eagle3-vllm-read")  # fmt: skip
@@ -237,9 +237,9 @@ class VllmBackend:
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup_warning)
         # the engine's own phases, read from its log records (server/backends/vllm_phases.py)
         phase_log = engine_phase_log(Path(self.store_dir), kwargs, os.environ)
-        self.phases = PhaseTracker(progress, floor=0.05)
+        self.engine_phases = PhaseTracker(progress, floor=0.05)
         try:
-            with PhaseWatcher(phase_log, self.phases) if phase_log else contextlib.nullcontext():
+            with PhaseWatcher(phase_log, self.engine_phases) if phase_log else contextlib.nullcontext():
                 self.llm = vllm.LLM(**kwargs)
             self.info = backend_info(ckpt, self.config, self.name, device)
             progress("warming up", 0.95)
