@@ -136,7 +136,11 @@ def parse_line(line: str, facts: dict[str, str] | None = None) -> PhaseEvent | N
         if (match := rule.pattern.search(line)) is not None:
             checkpoint = f" ({facts['checkpoint_gib']} GiB checkpoint)" if "checkpoint_gib" in facts else ""
             kv = f" ({facts['kv_gib']} GiB)" if "kv_gib" in facts else ""
-            return PhaseEvent(rule.template.format(checkpoint=checkpoint, kv=kv, **match.groupdict()), rule.progress)
+            groups = match.groupdict()
+            if groups.get("s") is not None:  # seconds: 612.43 -> "612", 0.66 -> "0.7"
+                seconds = float(groups["s"])
+                groups["s"] = f"{seconds:.0f}" if abs(seconds) >= 100 else f"{seconds:.1f}"
+            return PhaseEvent(rule.template.format(checkpoint=checkpoint, kv=kv, **groups), rule.progress)
     return None
 
 
@@ -239,7 +243,10 @@ def engine_phase_log(directory: Path, engine_kwargs: dict[str, Any], environ: Ma
     log = directory / LOG_NAME
     log.touch(mode=0o600)
     config_path = directory / CONFIG_NAME
-    config = logging_config(DEFAULT_LOGGING_CONFIG, str(log), str(envs.VLLM_LOGGING_LEVEL))
+    # the console's level as vLLM would set it: --engine-arg log_level, else VLLM_LOGGING_LEVEL (a custom
+    # dictConfig is authoritative in vLLM, so the level goes into it)
+    level = str(engine_kwargs.get("log_level") or envs.VLLM_LOGGING_LEVEL).upper()
+    config = logging_config(DEFAULT_LOGGING_CONFIG, str(log), level)
     config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
     engine_kwargs["logging_config"] = LoggingConfig(pylogging_config_file=str(config_path))
     return log
