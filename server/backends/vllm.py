@@ -21,6 +21,10 @@ states), eager mode unless ``compile``, the tokenizer skipped (requests are toke
   against this vLLM's ``EngineArgs`` before the engine starts; the fields above that this backend
   owns (``OWNED_ENGINE_ARGS``) are refused.
 
+While ``vllm.LLM(...)`` starts the engine (tens of minutes for a large verifier), ``load`` reports the
+engine's own steps (weights, memory profiling, KV cache, CUDA graphs, ready) as ``/readyz`` phases,
+read from the log records of vLLM's processes (``eagle3.server.backends.vllm_phases``; docs/vllm.md).
+
 Every returned sample is checked before it leaves: its token ids equal the request's, the shape is
 ``[n_tokens, len(aux) + 1, hidden]``, the dtype is ``info.dtype``, every value is finite; otherwise
 ``extract`` raises ``BackendError``. This is the only module (with its connector) that imports vllm.

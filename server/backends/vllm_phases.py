@@ -236,19 +236,24 @@ def engine_phase_log(directory: Path, engine_kwargs: dict[str, Any], environ: Ma
         logger.info("vLLM's logging is configured by the operator (%s): /readyz reports elapsed and expected "
                     "load time, not the engine's phases", reason)  # fmt: skip
         return None
-    from vllm import envs
-    from vllm.config.logging import LoggingConfig
-    from vllm.logger import DEFAULT_LOGGING_CONFIG
+    try:  # a phase hint must never fail the load
+        from vllm import envs
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import DEFAULT_LOGGING_CONFIG
 
-    log = directory / LOG_NAME
-    log.touch(mode=0o600)
-    config_path = directory / CONFIG_NAME
-    # the console's level as vLLM would set it: --engine-arg log_level, else VLLM_LOGGING_LEVEL (a custom
-    # dictConfig is authoritative in vLLM, so the level goes into it)
-    level = str(engine_kwargs.get("log_level") or envs.VLLM_LOGGING_LEVEL).upper()
-    config = logging_config(DEFAULT_LOGGING_CONFIG, str(log), level)
-    config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
-    engine_kwargs["logging_config"] = LoggingConfig(pylogging_config_file=str(config_path))
+        log = directory / LOG_NAME
+        log.touch(mode=0o600)
+        config_path = directory / CONFIG_NAME
+        # the console's level as vLLM would set it: --engine-arg log_level, else VLLM_LOGGING_LEVEL (a
+        # custom dictConfig is authoritative in vLLM, so the level goes into it)
+        level = str(engine_kwargs.get("log_level") or envs.VLLM_LOGGING_LEVEL).upper()
+        config = logging_config(DEFAULT_LOGGING_CONFIG, str(log), level)
+        config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
+        engine_kwargs["logging_config"] = LoggingConfig(pylogging_config_file=str(config_path))
+    except (ImportError, OSError, KeyError, TypeError, ValueError) as exc:
+        logger.warning("vLLM's start-up phases are not available (%s: %s): /readyz reports elapsed and expected "
+                       "load time only", type(exc).__name__, exc)  # fmt: skip
+        return None
     return log
 
 
