@@ -196,6 +196,7 @@ class VllmBackend:
         self.llm: Any = None
         self.info: BackendInfo | None = None
         self.store_dir: str | None = None
+        self.phase_dir: str | None = None  # the engine's phase log (vllm_phases.py), beside the handover dir
         self._sampling: Any = None
         self._load_hidden_states: Any = None
         self._cleanup_hidden_states: Any = None
@@ -240,7 +241,8 @@ class VllmBackend:
         progress(f"starting vLLM {vllm.__version__} engine (tp={self.config.tensor_parallel_size}, {device})", 0.05)
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup_warning)
         # the engine's own phases, read from its log records (server/backends/vllm_phases.py)
-        phase_log = engine_phase_log(Path(self.store_dir), kwargs, os.environ)
+        self.phase_dir = tempfile.mkdtemp(prefix=DIR_PREFIX + owner_tag() + "phases-", dir=root)
+        phase_log = engine_phase_log(Path(self.phase_dir), kwargs, os.environ)
         self.engine_phases = PhaseTracker(progress, floor=0.05)
         try:
             with PhaseWatcher(phase_log, self.engine_phases) if phase_log else contextlib.nullcontext():
@@ -366,6 +368,7 @@ class VllmBackend:
                 logger.warning("vLLM engine shutdown: %s", exc)
             del llm
         self._reader.shutdown(wait=True)
-        if self.store_dir is not None:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
-            self.store_dir = None
+        for directory in (self.store_dir, self.phase_dir):
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+        self.store_dir = self.phase_dir = None

