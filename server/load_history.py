@@ -1,6 +1,7 @@
 """How long the last load of the same verifier took, kept on disk, so ``/readyz`` can say
 "elapsed 840 s of about 1,320 s" during a long engine start instead of a progress figure that does
-not move (vLLM's engine start happens in other processes and reports no phases to the server).
+not move (within a long step, such as vLLM reading a 1 TB checkpoint, the engine's phases,
+server/backends/vllm_phases.py, stand still).
 
 File: ``<cache>/load-times.json`` (``eagle3.core.models.cache_dir``), ``{key: seconds}``, where the
 key names what decides the load time: model, backend, tensor parallel size, dtype. Written with a

@@ -21,6 +21,10 @@ states), eager mode unless ``compile``, the tokenizer skipped (requests are toke
   against this vLLM's ``EngineArgs`` before the engine starts; the fields above that this backend
   owns (``OWNED_ENGINE_ARGS``) are refused.
 
+While ``vllm.LLM(...)`` starts the engine (tens of minutes for a large verifier), ``load`` reports the
+engine's own steps (weights, memory profiling, KV cache, CUDA graphs, ready) as ``/readyz`` phases,
+read from the log records of vLLM's processes (``eagle3.server.backends.vllm_phases``; docs/vllm.md).
+
 Every returned sample is checked before it leaves: its token ids equal the request's, the shape is
 ``[n_tokens, len(aux) + 1, hidden]``, the dtype is ``info.dtype``, every value is finite; otherwise
 ``extract`` raises ``BackendError``. This is the only module (with its connector) that imports vllm.
@@ -36,6 +40,7 @@ connector still writes each prompt's states on finish; they are waited for and d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import importlib.util
@@ -65,6 +70,7 @@ from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_t
 from eagle3.server.backends.hf import DTYPES
 from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
+from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
 
 logger = logging.getLogger(__name__)
 CPU_KV_CACHE_GIB = 2.0
@@ -190,9 +196,11 @@ class VllmBackend:
         self.llm: Any = None
         self.info: BackendInfo | None = None
         self.store_dir: str | None = None
+        self.phase_dir: str | None = None  # the engine's phase log (vllm_phases.py), beside the handover dir
         self._sampling: Any = None
         self._load_hidden_states: Any = None
         self._cleanup_hidden_states: Any = None
+        self.engine_phases: PhaseTracker | None = None  # the engine phases seen during load (vllm_phases.py)
         # handover readers: a batch's files are read and checked on up to this many cores at once
         self._reader = ThreadPoolExecutor(max_workers=min(HANDOVER_READERS, len(os.sched_getaffinity(0))),
                                           thread_name_prefix="eagle3-vllm-read")  # fmt: skip
@@ -232,8 +240,13 @@ class VllmBackend:
             bind_cpu_workers(self.config.tensor_parallel_size)
         progress(f"starting vLLM {vllm.__version__} engine (tp={self.config.tensor_parallel_size}, {device})", 0.05)
         logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup_warning)
+        # the engine's own phases, read from its log records (server/backends/vllm_phases.py)
+        self.phase_dir = tempfile.mkdtemp(prefix=DIR_PREFIX + owner_tag() + "phases-", dir=root)
+        phase_log = engine_phase_log(Path(self.phase_dir), kwargs, os.environ)
+        self.engine_phases = PhaseTracker(progress, floor=0.05)
         try:
-            self.llm = vllm.LLM(**kwargs)
+            with PhaseWatcher(phase_log, self.engine_phases) if phase_log else contextlib.nullcontext():
+                self.llm = vllm.LLM(**kwargs)
             self.info = backend_info(ckpt, self.config, self.name, device)
             progress("warming up", 0.95)
             self.extract([[0] * min(8, max_model_len)])
@@ -355,6 +368,7 @@ class VllmBackend:
                 logger.warning("vLLM engine shutdown: %s", exc)
             del llm
         self._reader.shutdown(wait=True)
-        if self.store_dir is not None:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
-            self.store_dir = None
+        for directory in (self.store_dir, self.phase_dir):
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+        self.store_dir = self.phase_dir = None

