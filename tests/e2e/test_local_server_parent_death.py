@@ -14,7 +14,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux")]
@@ -35,13 +34,21 @@ STARTER = textwrap.dedent(
 )
 
 
+def _status(pid: int) -> dict[str, str]:
+    """``/proc/<pid>/status`` as a dict; empty once the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
 def _gone(pid: int, timeout_s: float) -> bool:
+    """The process exited (reaped, or a zombie waiting for its new parent) within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
+        state = _status(pid).get("State", "")
+        if not state or state.startswith("Z"):
             return True
         time.sleep(0.1)
     return False
@@ -57,13 +64,13 @@ def test_server_dies_when_its_starter_is_sigkilled(tmp_path: Path) -> None:
         line = starter.stdout.readline()
         assert line.strip().isdigit(), f"starter printed {line!r}; server log:\n{(tmp_path / 'server.log').read_text()}"
         server_pid = int(line)
-        server = psutil.Process(server_pid)
-        assert server.ppid() == starter.pid and "serve" in server.cmdline()
+        cmdline = Path(f"/proc/{server_pid}/cmdline").read_bytes().split(b"\0")
+        assert int(_status(server_pid)["PPid"]) == starter.pid and b"serve" in cmdline
         os.kill(starter.pid, signal.SIGKILL)  # no finally, no atexit, no context manager exit runs
         starter.wait(timeout=10)
         assert _gone(server_pid, timeout_s=30), f"server {server_pid} still alive 30 s after its starter was killed"
     finally:
         if starter.poll() is None:
             starter.kill()
-        if server_pid and psutil.pid_exists(server_pid):  # only when an assertion above failed
-            psutil.Process(server_pid).kill()
+        if server_pid and _status(server_pid):  # only when an assertion above failed
+            os.kill(server_pid, signal.SIGKILL)
