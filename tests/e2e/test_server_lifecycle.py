@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 def test_loading_ready_draining_and_clean_exit(tmp_path: Path) -> None:
     model = tiny_llama_dir((tmp_path / "tiny").resolve())
-    args = ["--model", str(model), "--dtype", "float32", "--max-batch-tokens", "64", "--drain-timeout-s", "60",
+    args = ["--model", str(model), "--dtype", "float32", "--max-batch-tokens", "64", "--drain-timeout-s", "300",
             "--heartbeat-s", "0.2"]  # fmt: skip
     server = LiveServer(args, tmp_path / "server.log")
     try:
@@ -61,7 +61,7 @@ def test_loading_ready_draining_and_clean_exit(tmp_path: Path) -> None:
             seen += list(frames)
         last: Frame = seen[-1]
         assert last.type == FrameType.END and last.meta["n_samples"] == 60
-        assert server.process.wait(60) == 0
+        assert server.process.wait(300) == 0
     finally:
         server.stop()
 
