@@ -15,7 +15,7 @@ STAMP := $(VENV)/.eagle3-installed
 DEMO_STAMP := $(VENV)/.eagle3-demo-installed
 # `make demo`: every step, small (a few minutes); `make demo-full`: the sizes behind the τ figures in the docs
 DEMO_ARGS ?= --samples 64 --epochs 2 --eval-prompts 5
-# pytest-xdist workers for `make test` (0: one process); the groups are set in tests/conftest.py
+# pytest-xdist workers for `make test` (0: one process); tests/conftest.py worker_group says what runs together
 TEST_WORKERS ?= 2
 
 .PHONY: env demo demo-full test check lint format clean
@@ -52,7 +52,7 @@ demo-full: $(DEMO_STAMP)
 	$(BIN)/eagle3 demo --out demo_full
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) tests
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

