@@ -2,9 +2,11 @@
 
 Reference: ``AutoModelForCausalLM`` with ``output_hidden_states=True`` (aux id k = ``hidden_states[k]``)
 and a forward hook on the last decoder layer (the final state before the norm). fp32 must be bitwise
-equal, alone and packed; bf16 within bf16 rounding. "Packed" goes through the scheduler's batch path:
-one ``extract`` call with samples of different lengths (in bf16 the backend pads groups of similar
-lengths into one forward call, so packed states may differ from lone ones by bf16 rounding).
+equal, alone and packed; bf16 alone within bf16 rounding of transformers' bf16, packed within 3x the bf16
+noise transformers itself shows against its fp32 forward on the same machine. "Packed" goes through the
+scheduler's batch path: one ``extract`` call with samples of different lengths (in bf16 the backend pads
+groups of similar lengths into one forward call, so packed states may differ from lone ones by bf16
+rounding).
 """
 
 from __future__ import annotations
@@ -66,23 +68,43 @@ def test_hf_backend_matches_transformers(which: str, dtype: str, tiny_dir: Path,
     torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
     alone = [backend.extract([s])[0] for s in seqs]
     packed = backend.extract(seqs)  # one call, different lengths: the scheduler's batch path
+    n_slots = len(info.aux_layer_ids) + 1
+    bf16_noise = [0.0] * n_slots  # per layer slot: the worst relative L2 of transformers' bf16 against its fp32
+    packed_err = [0.0] * n_slots  # per layer slot: the worst relative L2 of the packed states against fp32
     for seq, single, batched in zip(seqs, alone, packed, strict=True):
         ref = reference_states(model_dir, torch_dtype, info.aux_layer_ids, seq)
-        assert single.shape == (len(seq), len(info.aux_layer_ids) + 1, info.hidden_size)
+        assert single.shape == (len(seq), n_slots, info.hidden_size)
         assert single.dtype == torch_dtype and batched.dtype == torch_dtype
         if dtype == "float32":
             assert torch.equal(single, batched), "batched differs from single"
             assert torch.equal(single, ref)
         else:
             torch.testing.assert_close(single.float(), ref.float(), rtol=2**-7, atol=1e-5)
-            for layer in range(single.shape[1]):
-                err = (batched[:, layer].float() - ref[:, layer].float()).norm() / ref[:, layer].float().norm()
-                assert err < 1e-2, f"packed layer slot {layer}: relative L2 {err:.2e} vs transformers"
+            exact = reference_states(model_dir, torch.float32, info.aux_layer_ids, seq)
+            for layer in range(n_slots):
+                bf16_noise[layer] = max(bf16_noise[layer], relative_l2(ref[:, layer], exact[:, layer]))
+                packed_err[layer] = max(packed_err[layer], relative_l2(batched[:, layer], exact[:, layer]))
+    if dtype == "bfloat16":
+        # A padded forward runs other kernels (other tile shapes, so other bf16 rounding) than a lone one, and
+        # the rounding compounds over the layers: the packed states are held to the size of bf16 noise itself,
+        # measured on this machine as transformers' own bf16 against its fp32 (AMX CPUs round differently from
+        # AVX2 ones; a fixed bound was machine-dependent). A padding bug (attending to pads, wrong rows) is
+        # an O(1) error, far above it.
+        for layer in range(n_slots):
+            bound = 3 * bf16_noise[layer] + 1e-3
+            assert packed_err[layer] <= bound, (
+                f"packed layer slot {layer}: relative L2 {packed_err[layer]:.2e} vs fp32 transformers, over "
+                f"3x the bf16 noise of transformers itself ({bf16_noise[layer]:.2e})"
+            )
     if dtype == "bfloat16":  # the padded path really ran: some forward call held several samples
         assert max(len(group) for group in backend._groups(seqs)) > 1
     # the final state is pre-norm: it must differ from HF's normed hidden_states[N]
     assert not torch.allclose(alone[0][:, -1], reference_final_normed(model_dir, torch_dtype, seqs[0]))
     backend.close()
+
+
+def relative_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm())
 
 
 def reference_final_normed(model_dir: Path, dtype: torch.dtype, ids: list[int]) -> torch.Tensor:
