@@ -45,14 +45,17 @@ def forward_ms(model: Any, n_new: int, context: int, iters: int, device: str) ->
     """Mean ms of a cached forward of ``n_new`` tokens after ``context`` (the cache cropped back each time)."""
     from transformers import DynamicCache
 
+    from eagle3.draft_trainer.speculate import cache_kwarg
+
     cache = DynamicCache()
-    model(input_ids=torch.randint(0, 1000, (1, context), device=device), past_key_values=cache, use_cache=True)
+    kv = {cache_kwarg(model): cache}  # `cache` from transformers 5.25 on, `past_key_values` before
+    model(input_ids=torch.randint(0, 1000, (1, context), device=device), use_cache=True, **kv)
     new = torch.randint(0, 1000, (1, n_new), device=device)
     for i in range(iters + 3):
         if i == 3:
             _sync(device)
             started = time.perf_counter()
-        model(input_ids=new, past_key_values=cache, use_cache=True)
+        model(input_ids=new, use_cache=True, **kv)
         cache.crop(-n_new)
     _sync(device)
     return (time.perf_counter() - started) / iters * 1e3

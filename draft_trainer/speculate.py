@@ -16,6 +16,7 @@ the committed prefix); acceptance only changes how many verifier forwards it tak
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,8 +100,20 @@ class GenerationStats:
     seconds: float = 0.0
 
 
+_CACHE_KWARG: dict[type, str] = {}  # model class -> its forward's name for the KV cache
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name ``model.forward`` takes its KV cache under: ``cache`` from transformers 5.25 on (where
+    ``past_key_values`` warns, to be removed in 5.40), ``past_key_values`` before."""
+    cls = type(model)
+    if cls not in _CACHE_KWARG:
+        _CACHE_KWARG[cls] = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return _CACHE_KWARG[cls]
+
+
 def _verifier_step(model: Any, ids: list[int], cache: Any) -> torch.Tensor:
-    out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    out = model(input_ids=torch.tensor([ids]), use_cache=True, **{cache_kwarg(model): cache})
     logits: torch.Tensor = out.logits[0]  # [m, V]
     return logits
 
