@@ -16,7 +16,10 @@ lengths around ``--p50`` tokens, SmolLM2's tokenizer):
   costs would otherwise land on the first codec): raw MB/s,
   wire/raw, and seconds per stage: server forward/copy/encode/send (``/metrics`` deltas), client
   receive/verify/decode/write;
-* each codec's encode and decode MB/s on one core, and shard hashing MB/s (sha256, xxh3-128).
+* each codec's encode and decode MB/s on one core, and shard hashing MB/s (sha256, xxh3-128);
+* ``cpu_s_per_gb``: CPU seconds (user + system, all threads) per GB of raw states in the server process
+  and in the client process, for the bare stream and every run. Work, not waiting: the load of this
+  shared VM moves it far less than MB/s, and it is what a host with more cores divides.
 
 Bars (issue 12): ``none`` >= 0.6x the bare stream; the default codec >= 0.5x ``none``.
 Stage seconds are summed over threads: they overlap and can exceed the wall time.
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -50,6 +55,23 @@ from eagle3.local_server import LocalServer, free_port  # noqa: E402
 from eagle3.server.codec_choice import PROBE_BYTES, measure_encode_mb_s  # noqa: E402
 
 BARE_CHUNK_BYTES = 2 << 20
+
+
+def process_cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system, all threads) of process ``pid`` so far; this process when None."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime in clock ticks
+
+
+def cpu_s_per_gb(server_s: float, client_s: float, n_bytes: int) -> dict[str, float]:
+    """CPU seconds per GB (1e9 raw bytes) on each side: a figure the machine's load moves far less than
+    MB/s (it counts work, not waiting), and the one that scales to a host with more cores."""
+    gb = n_bytes / 1e9
+    return {"server": round(server_s / gb, 3), "client": round(client_s / gb, 3),
+            "total": round((server_s + client_s) / gb, 3)}  # fmt: skip
 
 
 def random_prepared(out: Path, n_tokens: int, p50: int, seed: int = 0) -> tuple[Path, int, int]:
@@ -126,7 +148,7 @@ def bare_server_main(port: int, total_bytes: int) -> None:
     uvicorn.run(Starlette(routes=[Route("/", route)]), host="127.0.0.1", port=port, log_level="warning")
 
 
-def bench_bare_stream(total_bytes: int) -> dict[str, float]:
+def bench_bare_stream(total_bytes: int) -> dict[str, Any]:
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--bare", str(port), str(total_bytes)]
     proc = subprocess.Popen(cmd)  # noqa: S603 (our own script)
@@ -142,15 +164,18 @@ def bench_bare_stream(total_bytes: int) -> dict[str, float]:
                 time.sleep(0.1)
         received = 0
         with httpx.Client(timeout=60) as client:  # built before the clock starts: the stream alone is timed
+            server_cpu, client_cpu = process_cpu_s(proc.pid), process_cpu_s()
             started = time.perf_counter()
             with client.stream("GET", f"http://127.0.0.1:{port}/") as resp:
                 for chunk in resp.iter_raw():
                     received += len(chunk)
             wall_s = time.perf_counter() - started
+            server_cpu, client_cpu = process_cpu_s(proc.pid) - server_cpu, process_cpu_s() - client_cpu
     finally:
         proc.terminate()
         proc.wait(10)
-    return {"bytes": received, "wall_s": wall_s, "mb_per_s": received / wall_s / 1e6}
+    return {"bytes": received, "wall_s": wall_s, "mb_per_s": received / wall_s / 1e6,
+            "cpu_s_per_gb": cpu_s_per_gb(server_cpu, client_cpu, received)}  # fmt: skip
 
 
 def stage_seconds(url: str) -> dict[str, float]:
@@ -158,9 +183,15 @@ def stage_seconds(url: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in re.finditer(r'eagle3_stage_seconds_total\{stage="(\w+)"\} (\S+)', text)}
 
 
-def bench_codec_run(url: str, prepared: Path, out: Path, codec: str, raw_per_token: int) -> dict[str, Any]:
+def bench_codec_run(
+    url: str, prepared: Path, out: Path, codec: str, raw_per_token: int, server_pid: int | None = None
+) -> dict[str, Any]:
     before = stage_seconds(url)
+    server_cpu = process_cpu_s(server_pid) if server_pid else 0.0
+    client_cpu = process_cpu_s()
     summary = extract_dataset(prepared, out, url, config=ExtractConfig(codec=codec, progress=False))
+    client_cpu = process_cpu_s() - client_cpu
+    server_cpu = process_cpu_s(server_pid) - server_cpu if server_pid else 0.0
     after = stage_seconds(url)
     shutil.rmtree(out)
     raw_bytes = summary.n_tokens * raw_per_token
@@ -172,6 +203,7 @@ def bench_codec_run(url: str, prepared: Path, out: Path, codec: str, raw_per_tok
         "wire_over_raw": summary.wire_bytes / raw_bytes,
         "server_stage_s": {k: round(after.get(k, 0.0) - before.get(k, 0.0), 3) for k in after},
         "client_stage_s": {k: round(v, 3) for k, v in summary.stage_s.items()},
+        **({"cpu_s_per_gb": cpu_s_per_gb(server_cpu, client_cpu, raw_bytes)} if server_pid else {}),
     }
 
 
@@ -233,15 +265,20 @@ def run(hidden_size: int, n_tokens: int, p50: int, max_batch_tokens: int, tmp: P
         # process pays one-off costs (the heap growing to the working set: page faults of first-time
         # buffers; lazy imports) that a long extraction pays once, and would land on the first codec
         warm = warm_up_prepared(prepared, tmp / "warm", total)
-        warm_run = bench_codec_run(server.url, warm, tmp / "out-warm", "none", raw_per_token)
+        pid = server.process.pid if server.process is not None else None
+        warm_run = bench_codec_run(server.url, warm, tmp / "out-warm", "none", raw_per_token, pid)
         result["warm_up_none_mb_per_s"] = warm_run["raw_mb_per_s"]
-        runs = {codec: bench_codec_run(server.url, prepared, tmp / f"out-{codec}", codec, raw_per_token)
+        runs = {codec: bench_codec_run(server.url, prepared, tmp / f"out-{codec}", codec, raw_per_token, pid)
                 for codec in ("none", "auto", "zstd+planes")}  # fmt: skip
         result["server_peak_rss_mb"] = server.peak_rss_bytes() / 2**20
     result["codecs"] = runs
     bare = result["bare_stream"]["mb_per_s"]
     none = runs["none"]["raw_mb_per_s"]
     result["none_over_bare"] = none / bare
+    # the same comparison in work instead of time: CPU seconds per GB of the none path over the bare stream's
+    result["none_cpu_over_bare"] = (
+        runs["none"]["cpu_s_per_gb"]["total"] / result["bare_stream"]["cpu_s_per_gb"]["total"]
+    )
     result["default_over_none"] = runs["auto"]["raw_mb_per_s"] / none
     result["bars"] = {
         "none_over_bare>=0.6": none / bare >= 0.6,
