@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from bench.serving import random_prepared
@@ -111,3 +112,40 @@ def test_two_tenants_at_once_both_progress_throughout(tmp_path: Path) -> None:
     both_until = min(arrivals["alice"][-1], arrivals["bob"][-1])
     shares = [sum(both_from <= t <= both_until for t in arrivals[tenant]) for tenant in ("alice", "bob")]
     assert min(shares) / max(shares) > 0.6, shares
+
+
+def anon_huge_pages_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no AnonHugePages line")
+
+
+@pytest.mark.skipif(
+    not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+    or "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
+    reason="this kernel gives no transparent huge pages",
+)
+def test_the_server_backs_torch_host_tensors_with_huge_pages(tmp_path: Path) -> None:
+    """``eagle3 serve`` turns on PyTorch's huge pages (THP_MEM_ALLOC_ENABLE, server/cli.py) before torch loads:
+    the synthetic backend's 32 MiB state pool (1,024 rows x 4 taps x 4,096 x 2 B) sits on huge pages. With the
+    operator's own ``THP_MEM_ALLOC_ENABLE=0`` (which wins) it does not: the check can tell the two apart."""
+    args = ["--backend", "synthetic", "--synthetic-hidden-size", "4096", "--cache-memory-mb", "0"]
+    huge = {}
+    for setting in ("default", "0"):
+        previous = os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
+        if setting == "0":
+            os.environ["THP_MEM_ALLOC_ENABLE"] = "0"
+        try:
+            server = LiveServer(args, tmp_path / f"server-{setting}.log")
+        finally:
+            os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
+            if previous is not None:
+                os.environ["THP_MEM_ALLOC_ENABLE"] = previous
+        try:
+            server.wait_ready(timeout_s=180)
+            huge[setting] = anon_huge_pages_bytes(server.process.pid)
+        finally:
+            server.stop()
+    assert huge["default"] >= 30 << 20, huge  # the pool (32 MiB) at least
+    assert huge["0"] < 30 << 20, huge

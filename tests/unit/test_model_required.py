@@ -16,6 +16,7 @@ from eagle3.cli import build_parser, main
 from eagle3.core.cli_args import MissingModelError
 from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol import read_meta
+from eagle3.server.cli import SERVER_PROCESS_ENV
 from eagle3.server.config import ServerSettings
 from eagle3.server.runtime import Runtime
 
@@ -72,8 +73,8 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerSettings]:
 
     got: list[ServerSettings] = []
     monkeypatch.setattr(eagle3.server.serve, "serve", got.append)
-    for name in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):  # run_serve sets them; restore after
-        monkeypatch.setenv(name, "16")
+    for name, value in SERVER_PROCESS_ENV.items():  # run_serve sets them; restored after
+        monkeypatch.setenv(name, value)
     return got
 
 
