@@ -16,6 +16,8 @@ lengths around ``--p50`` tokens, SmolLM2's tokenizer):
   costs would otherwise land on the first codec): raw MB/s,
   wire/raw, and seconds per stage: server forward/copy/encode/send (``/metrics`` deltas), client
   receive/verify/decode/write;
+* ``none, fresh buffers``: ``none`` again with the client's buffer pool off (``recycle_buffers=False``:
+  fresh memory for every frame body, as before the pool), side by side;
 * each codec's encode and decode MB/s on one core, and shard hashing MB/s (sha256, xxh3-128);
 * ``cpu_s_per_gb``: CPU seconds (user + system, all threads) per GB of raw states in the server process
   and in the client process, for the bare stream and every run. Work, not waiting: the load of this
@@ -184,12 +186,19 @@ def stage_seconds(url: str) -> dict[str, float]:
 
 
 def bench_codec_run(
-    url: str, prepared: Path, out: Path, codec: str, raw_per_token: int, server_pid: int | None = None
+    url: str,
+    prepared: Path,
+    out: Path,
+    codec: str,
+    raw_per_token: int,
+    server_pid: int | None = None,
+    recycle_buffers: bool = True,
 ) -> dict[str, Any]:
     before = stage_seconds(url)
     server_cpu = process_cpu_s(server_pid) if server_pid else 0.0
     client_cpu = process_cpu_s()
-    summary = extract_dataset(prepared, out, url, config=ExtractConfig(codec=codec, progress=False))
+    config = ExtractConfig(codec=codec, progress=False, recycle_buffers=recycle_buffers)
+    summary = extract_dataset(prepared, out, url, config=config)
     client_cpu = process_cpu_s() - client_cpu
     server_cpu = process_cpu_s(server_pid) - server_cpu if server_pid else 0.0
     after = stage_seconds(url)
@@ -270,6 +279,10 @@ def run(hidden_size: int, n_tokens: int, p50: int, max_batch_tokens: int, tmp: P
         result["warm_up_none_mb_per_s"] = warm_run["raw_mb_per_s"]
         runs = {codec: bench_codec_run(server.url, prepared, tmp / f"out-{codec}", codec, raw_per_token, pid)
                 for codec in ("none", "auto", "zstd+planes")}  # fmt: skip
+        # the client's buffer pool off, side by side (fresh memory for every frame, as before the pool)
+        runs["none, fresh buffers"] = bench_codec_run(
+            server.url, prepared, tmp / "out-none-fresh", "none", raw_per_token, pid, recycle_buffers=False
+        )
         result["server_peak_rss_mb"] = server.peak_rss_bytes() / 2**20
     result["codecs"] = runs
     bare = result["bare_stream"]["mb_per_s"]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from eagle3.client.buffer_pool import BufferPool
 from eagle3.client.errors import (
     FeaturesWriteError,
     IncompatibleError,
@@ -59,6 +60,7 @@ class ExtractConfig:
     requests_per_server: int = 2  # in flight at once per server URL: the server computes while we decode
     shard_mb: float = DEFAULT_SHARD_MB  # shard size target on disk
     buffer_mb: int = 256  # decoded samples waiting for the writer (back-pressure beyond this)
+    recycle_buffers: bool = True  # reuse written samples' memory for new frames (client/buffer_pool.py)
     max_retries: int = DEFAULT_MAX_RETRIES  # failures in a row before a server is given up
     timeout_s: float = DEFAULT_TIMEOUT_S
     limit: int | None = None  # only the first N prepared samples
@@ -98,6 +100,9 @@ class ExtractSummary:
         ]
         lines += [f"failed    {f.sample_id}: {f.type}: {f.message}" for f in self.failures[:5]]
         return "\n".join(lines)
+
+
+FRAMES_IN_FLIGHT_BYTES = 64 << 20  # the buffer pool's room for frames being received (one per request thread)
 
 
 def features_meta(info: ServerInfo, prepared_dir: Path, n_samples_total: int) -> FeaturesMeta:
@@ -235,6 +240,11 @@ def _run(
 
     if config.requests_per_server < 1:
         raise ValueError(f"requests_per_server must be at least 1, got {config.requests_per_server}")
+    # one pool for every request thread: a sample's buffer comes back once the writer has written it and let
+    # go of it (client/buffer_pool.py). In flight at most: the byte budget's samples, the writer's shard being
+    # filled and the one being written (it keeps their arrays until then), and the frames being received.
+    pool_bytes = (config.buffer_mb << 20) + 2 * int(config.shard_mb * 2**20) + FRAMES_IN_FLIGHT_BYTES
+    pool = BufferPool(pool_bytes) if config.recycle_buffers else None
     clients = [
         ExtractionClient(
             url,
@@ -244,6 +254,7 @@ def _run(
             transport=transport,
             sleep=sleep,
             cache=config.cache,
+            buffer_pool=pool,
         )  # fmt: skip
         for url in urls
         for _ in range(config.requests_per_server)

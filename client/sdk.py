@@ -46,6 +46,7 @@ from eagle3.client.base_client import (
     split_requests,
     transport_error,
 )
+from eagle3.client.buffer_pool import BufferPool
 from eagle3.client.errors import APIError
 from eagle3.client.http_client import (
     describe_readyz,
@@ -99,14 +100,17 @@ class ExtractionClient(BaseClient):
         http_client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
         cache: str | None = None,
+        buffer_pool: BufferPool | None = None,
     ) -> None:
         """``urls``: one server or several; default ``$EAGLE3_SERVER_URL`` (comma-separated). ``api_key``:
         default ``$EAGLE3_API_KEY``. ``http_client``: an ``httpx.Client`` of yours (proxies, TLS, event
         hooks, or a ``fastapi.testclient.TestClient``); it is used as is and not closed by ``close()``.
         ``cache``: ``"bypass"`` asks the server to compute every sample (not served from nor stored in
-        its feature cache); None or ``"use"``: the server's cache serves repeats."""
+        its feature cache); None or ``"use"``: the server's cache serves repeats. ``buffer_pool``: the
+        samples' memory is recycled from it once nothing references it (``extract_dataset`` passes one)."""
         super().__init__(urls, api_key, max_retries=max_retries, max_retry_after_s=max_retry_after_s, cache=cache)
         self._sleep = sleep
+        self._allocate = buffer_pool
         self._owns_http = http_client is None
         self._http = http_client if http_client is not None else new_http_client(timeout_s, transport)
 
@@ -242,7 +246,7 @@ class ExtractionClient(BaseClient):
                 if resp.status_code != 200:
                     resp.read()
                     raise response_status_error(resp, url)
-                yield from read_stream(resp, url, requests, self._layout.get(url), self.counters)
+                yield from read_stream(resp, url, requests, self._layout.get(url), self.counters, self._allocate)
         except TRANSPORT_ERRORS as exc:
             raise transport_error(exc, url, request_id) from None
 

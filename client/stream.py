@@ -21,7 +21,14 @@ import numpy as np
 
 from eagle3.client.errors import IncompatibleError, SampleFailure, StreamError
 from eagle3.core.codec import decode_payload, parse_safetensors
-from eagle3.core.protocol.frames import DEFAULT_MAX_PAYLOAD_BYTES, Frame, FrameDecoder, FrameType, ProtocolError
+from eagle3.core.protocol.frames import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Allocate,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    ProtocolError,
+)
 from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, SampleErrorMeta, StreamHeader
 from eagle3.core.sample import ExtractedSample, NDArray
 
@@ -38,8 +45,10 @@ class StreamAssembler:
         requests: list[dict[str, Any]],
         decoder: FrameDecoder | None = None,
         expect: dict[str, Any] | None = None,
+        allocate: Allocate | None = None,
     ) -> None:
         self.url = url
+        self.allocate = allocate  # n_bytes -> uint8 array for a multi-frame sample's states (None: numpy.empty)
         self.expect = expect  # {aux_layer_ids, final_layer_id, hidden_size} from /v1/info, when known
         self._counts = {"n_frames": 0, "n_samples": 0, "n_failed": 0, "n_tokens": 0}
         self.expected_ids = {r["id"]: r.get("input_ids") for r in requests}
@@ -165,7 +174,7 @@ class StreamAssembler:
             hidden, ids, mask = parts
         else:
             if start == 0:  # allocated once at its full size (numpy: no zero fill), every chunk copied in place
-                self._filling[sample_id] = (np.empty((n_total, n_layers, self.hidden_size), np.uint16),
+                self._filling[sample_id] = (self._states_array((n_total, n_layers, self.hidden_size)),
                                             np.empty(n_total, np.int32), np.empty(n_total, np.uint8))  # fmt: skip
             arrays = self._filling[sample_id]
             for array, part in zip(arrays, parts, strict=True):
@@ -178,6 +187,13 @@ class StreamAssembler:
         self._done.add(sample_id)
         self._next_token.pop(sample_id)
         return ExtractedSample(sample_id, ids, mask, hidden, self.aux_layer_ids, self.final_layer_id)
+
+    def _states_array(self, shape: tuple[int, int, int]) -> NDArray:
+        if self.allocate is None:
+            return np.empty(shape, np.uint16)
+        n_bytes = shape[0] * shape[1] * shape[2] * 2
+        buffer: NDArray = np.asarray(self.allocate(n_bytes))
+        return buffer.view(np.uint16).reshape(shape)
 
     def _on_sample_error(self, raw: dict[str, Any]) -> SampleFailure:
         meta = SampleErrorMeta.from_dict(raw)

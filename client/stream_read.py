@@ -26,7 +26,7 @@ import numpy as np
 from eagle3.client.errors import SampleFailure, StreamError
 from eagle3.client.stream import StreamAssembler
 from eagle3.core.checksum import crc32
-from eagle3.core.protocol.frames import CONTENT_TYPE, FrameDecoder
+from eagle3.core.protocol.frames import CONTENT_TYPE, Allocate, FrameDecoder
 from eagle3.core.sample import ExtractedSample, NDArray
 
 Outcome = ExtractedSample | SampleFailure
@@ -56,12 +56,14 @@ class StreamReader:
         requests: list[dict[str, Any]],
         expect: dict[str, Any] | None,
         counters: StreamCounters,
+        allocate: Allocate | None = None,
     ) -> None:
         ctype = resp.headers.get("content-type", "")
         if not ctype.startswith(CONTENT_TYPE.split(";")[0]):
             raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
-        self.decoder = FrameDecoder(crc32=crc32, allocate=_uninitialized)
-        self.assembler = StreamAssembler(url, requests, self.decoder, expect=expect)
+        allocate = allocate or _uninitialized
+        self.decoder = FrameDecoder(crc32=crc32, allocate=allocate)
+        self.assembler = StreamAssembler(url, requests, self.decoder, expect=expect, allocate=allocate)
         self.counters = counters
 
     def feed(self, chunk: bytes, receive_s: float) -> Iterator[Outcome]:
@@ -90,11 +92,13 @@ def read_stream(
     requests: list[dict[str, Any]],
     expect: dict[str, Any] | None,
     counters: StreamCounters,
+    allocate: Allocate | None = None,
 ) -> Iterator[Outcome]:
     """Every outcome of one response's frame stream, in arrival order. Raises ``ProtocolError`` /
     ``TruncatedStreamError`` for a bad or cut stream and ``StreamError`` for an ERROR frame or a body
-    that is not a frame stream; the caller maps transport errors."""
-    reader = StreamReader(resp, url, requests, expect, counters)
+    that is not a frame stream; the caller maps transport errors. ``allocate``: where big frame bodies and
+    multi-frame samples get their memory (default: fresh ``numpy.empty``; ``BufferPool`` recycles)."""
+    reader = StreamReader(resp, url, requests, expect, counters, allocate)
     clock = time.perf_counter
     chunks = resp.iter_raw()
     while True:

@@ -86,6 +86,46 @@ def test_kill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path: Path) ->
         assert np.array_equal(hidden, truth.states(sample.input_ids).view(torch.int16).numpy().view(np.uint16))
 
 
+def test_recycled_frame_buffers_never_change_a_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """extract_dataset recycles frame buffers (client/buffer_pool.py). With a pool of a few MB, 1 MiB frames
+    (samples over 512 tokens come in several frames and are filled into pooled arrays) and a shard writer a
+    sample behind, buffers are reused many times: every sample is still bitwise the backend's own states."""
+    import eagle3.client.extract as extract_module
+    from eagle3.client.buffer_pool import BufferPool
+
+    pools: list[BufferPool] = []
+
+    class RecordedPool(BufferPool):
+        def __init__(self, max_bytes: int) -> None:
+            super().__init__(max_bytes)
+            pools.append(self)
+
+    monkeypatch.setattr(extract_module, "BufferPool", RecordedPool)
+    prepared, n_samples, _ = random_prepared(tmp_path / "prepared", 30_000, p50=300)
+    args = ["--backend", "synthetic", "--synthetic-hidden-size", str(HIDDEN), "--max-payload-mb", "1"]
+    server = LiveServer(args, tmp_path / "server.log")
+    try:
+        server.wait_ready(timeout_s=180)
+        config = ExtractConfig(progress=False, buffer_mb=2, request_tokens=2048, shard_mb=1)
+        summary = extract_dataset(prepared, tmp_path / "out", server.url, config=config)
+    finally:
+        server.stop()
+    assert summary.n_samples == n_samples
+    (pool,) = pools
+    assert pool.n_reused > n_samples // 2, (pool.n_reused, pool.n_allocated)  # reuse really happened
+    truth = SyntheticBackend(
+        BackendConfig(
+            model="SmolLM2-135M-Instruct", synthetic=SyntheticOptions(hidden_size=HIDDEN, num_hidden_layers=32)
+        )
+    )
+    truth.load(lambda _p, _f: None)
+    got = read_all(tmp_path / "out")
+    for sample in iter_prepared(prepared):
+        ids, mask, hidden = got[sample.sample_id]
+        assert np.array_equal(ids, sample.input_ids) and np.array_equal(mask, sample.loss_mask)
+        assert np.array_equal(hidden, truth.states(sample.input_ids).view(torch.int16).numpy().view(np.uint16))
+
+
 def test_two_tenants_at_once_both_progress_throughout(tmp_path: Path) -> None:
     prepared, _, _ = random_prepared(tmp_path / "prepared", 16_000, p50=200)
     samples = [{"id": s.sample_id, "input_ids": s.input_ids} for s in iter_prepared(prepared)]
