@@ -287,8 +287,15 @@ class Scheduler:
     # ---- the worker thread ----
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="eagle3-scheduler", daemon=True)
-        self._thread.start()
+        """Start the worker thread, unless ``stop`` came first. Under the lock, and published only once
+        started: a ``stop`` racing the end of a load (the server shut down as its model became ready) either
+        sees no thread or a started one, never one it cannot join."""
+        thread = threading.Thread(target=self._run, name="eagle3-scheduler", daemon=True)
+        with self._cond:
+            if self._stopping:
+                return
+            thread.start()  # returns once the thread runs; it takes the lock only after we release it
+            self._thread = thread
 
     def stop(self, timeout_s: float | None = None) -> bool:
         """Stop the worker after its current forward pass; wait at most ``timeout_s`` (None: forever).
@@ -296,9 +303,10 @@ class Scheduler:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            return not self._thread.is_alive()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            return not thread.is_alive()
         return True
 
     def _active_tenants(self) -> set[str]:

@@ -203,3 +203,36 @@ def test_a_lone_request_gets_full_passes_while_its_reader_is_one_pass_behind() -
     sched.stop()
     assert sum(len(call) for call in backend.calls) == 20
     assert sched.inflight_tokens == 0
+
+
+def test_stop_racing_start_never_joins_an_unstarted_thread() -> None:
+    """A server shut down as its model finished loading: ``stop`` (lifespan exit) ran between the load
+    thread's creating the worker thread and starting it, and ``Thread.join`` raised "cannot join thread
+    before it is started" (seen once in CI: test_error_classes.py::test_unavailable_while_loading_is_retryable).
+    Now stop either finds no thread or a started one; a stop before start leaves nothing running."""
+    opts = {"max_batch_tokens": 40, "max_inflight_tokens": 100_000, "max_tenant_inflight_tokens": 50_000}
+    early = Scheduler(FakeBackend().extract, **opts)  # type: ignore[arg-type]
+    assert early.stop(timeout_s=1)
+    early.start()
+    assert early._thread is None, "a scheduler stopped before it started must not start its worker"
+    errors: list[BaseException] = []
+    for _ in range(200):
+        sched = Scheduler(FakeBackend().extract, **opts)  # type: ignore[arg-type]
+        barrier = threading.Barrier(2)
+
+        def run(action: Any, sched: Scheduler = sched, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                action(sched)
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(Scheduler.start,)),
+                   threading.Thread(target=run, args=(lambda s: s.stop(timeout_s=5),))]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        sched.stop(timeout_s=5)
+        assert sched._thread is None or not sched._thread.is_alive()
+    assert not errors, errors[:3]
