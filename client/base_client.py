@@ -40,7 +40,7 @@ from eagle3.client.errors import (
     StreamError,
 )
 from eagle3.client.http_client import describe_readyz, parse_server_info
-from eagle3.client.request_samples import JSON_BYTES_PER_TOKEN, request_tokens
+from eagle3.client.request_samples import consecutive_runs, request_token_cap, request_tokens
 from eagle3.client.retry import retry_delay_s, should_retry
 from eagle3.client.stream_read import Outcome, StreamCounters
 from eagle3.core.protocol.frames import PROTOCOL_VERSION, ProtocolError, TruncatedStreamError
@@ -161,18 +161,7 @@ def new_request_id() -> str:
 def split_requests(requests: list[dict[str, Any]], limits: tuple[int, int]) -> Iterator[list[dict[str, Any]]]:
     """Consecutive runs of ``requests`` within ``(max_request_tokens, max_body_bytes)``, in order; a single
     sample over the limit goes alone (the server's 400 then names it)."""
-    max_tokens, max_body_bytes = limits
-    batch: list[dict[str, Any]] = []
-    n_tokens = 0
-    for req in requests:
-        size = request_tokens(req)
-        if batch and (n_tokens + size > max_tokens or JSON_BYTES_PER_TOKEN * (n_tokens + size) > max_body_bytes):
-            yield batch
-            batch, n_tokens = [], 0
-        batch.append(req)
-        n_tokens += size
-    if batch:
-        yield batch
+    return consecutive_runs(requests, request_tokens, request_token_cap(*limits))
 
 
 class BatchAttempts:

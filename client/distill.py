@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.client.errors import IncompatibleError
+from eagle3.client.request_samples import consecutive_runs
 from eagle3.client.sdk import ExtractionClient
 from eagle3.core.protocol.generate import GenerateResponse
 from eagle3.core.protocol.prepared import (
@@ -210,17 +211,7 @@ class _Run:
 
     def _chunks(self, asks: list[tuple[Turns, list[int]]]) -> Iterator[list[tuple[Turns, list[int]]]]:
         """Requests under the server's request-token cap (prompt + max_new_tokens each), in order."""
-        chunk: list[tuple[Turns, list[int]]] = []
-        n_tokens = 0
-        for ask in asks:
-            cost = len(ask[1]) + self.config.max_new_tokens
-            if chunk and n_tokens + cost > self.request_cap:
-                yield chunk
-                chunk, n_tokens = [], 0
-            chunk.append(ask)
-            n_tokens += cost
-        if chunk:
-            yield chunk
+        return consecutive_runs(asks, lambda ask: len(ask[1]) + self.config.max_new_tokens, self.request_cap)
 
     def _generate(self, prompts: list[dict[str, Any]], seed: int | None) -> GenerateResponse:
         cfg = self.config

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from eagle3.client.errors import APIError, Eagle3Error, SampleFailure
+from eagle3.client.request_samples import consecutive_runs, request_token_cap
 from eagle3.client.retry import server_failure
 from eagle3.client.sdk import ExtractionClient
 from eagle3.core.protocol.prepared import PreparedSample
@@ -33,16 +34,7 @@ BACKOFF_CAP_S = 60.0
 
 def cut_batches(samples: Iterator[PreparedSample], max_tokens: int, max_body_bytes: int) -> Iterator[Batch]:
     """Consecutive samples, up to ``max_tokens`` tokens and about ``max_body_bytes`` of JSON a request."""
-    batch: Batch = []
-    n_tokens = 0
-    for sample in samples:
-        if batch and (n_tokens + sample.n_tokens > max_tokens or 10 * (n_tokens + sample.n_tokens) > max_body_bytes):
-            yield batch
-            batch, n_tokens = [], 0
-        batch.append(sample)
-        n_tokens += sample.n_tokens
-    if batch:
-        yield batch
+    return consecutive_runs(samples, lambda sample: sample.n_tokens, request_token_cap(max_tokens, max_body_bytes))
 
 
 class BatchSource:

@@ -8,8 +8,8 @@ checked (``sample_id_problem``) and must be unique within one call. Token ids se
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from eagle3.client.errors import InvalidSampleError
 from eagle3.core.protocol.limits import sample_id_problem
@@ -20,6 +20,8 @@ from eagle3.core.protocol.prepared import PreparedSample
 # template marks the assistant turns) or PreparedSample to train on a sample's tokens.
 DEFAULT_LOSS_MASK = 0
 JSON_BYTES_PER_TOKEN = 10  # a request body's size per token id, generously (ids up to 6 digits, separators)
+
+T = TypeVar("T")
 
 Sample = Any  # list[int] | {"input_ids", "loss_mask"?, "id"?} | {"messages", "id"?} | list[message] | PreparedSample
 
@@ -94,3 +96,26 @@ def _messages(messages: Any, index: int) -> list[dict[str, Any]]:
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
             raise InvalidSampleError(f"sample {index}: every message needs 'role' and 'content'")
     return [dict(m) for m in messages]
+
+
+def request_token_cap(max_request_tokens: int, max_body_bytes: int) -> int:
+    """Tokens one ``/v1/extract`` request may carry under both server limits (``JSON_BYTES_PER_TOKEN`` of
+    body per token)."""
+    return min(max_request_tokens, max_body_bytes // JSON_BYTES_PER_TOKEN)
+
+
+def consecutive_runs(items: Iterable[T], cost: Callable[[T], int], max_cost: int) -> Iterator[list[T]]:
+    """``items`` cut, in order, into consecutive runs whose costs add up to at most ``max_cost``; an item
+    that alone costs more goes in a run of its own (the server's 400 then names it). The one request cut
+    of the SDK, ``extract_dataset`` and ``distill_dataset``."""
+    run: list[T] = []
+    total = 0
+    for item in items:
+        item_cost = cost(item)
+        if run and total + item_cost > max_cost:
+            yield run
+            run, total = [], 0
+        run.append(item)
+        total += item_cost
+    if run:
+        yield run
