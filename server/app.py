@@ -69,10 +69,15 @@ class RequestIdMiddleware:
                 log_api_call(scope.get("method", ""), path, status, time.monotonic() - started, request_id)
 
 
-def create_app(settings: ServerSettings, backend: Backend | None = None) -> FastAPI:
+def create_app(
+    settings: ServerSettings, backend: Backend | None = None, *, freeze_gc_when_ready: bool = False
+) -> FastAPI:
+    """``freeze_gc_when_ready``: for the process that exists to serve this app (``eagle3 serve``), see
+    ``Runtime``."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        rt = Runtime(settings, backend)
+        rt = Runtime(settings, backend, freeze_gc_when_ready=freeze_gc_when_ready)
         app.state.runtime = rt
         rt.start()
         try:

@@ -77,10 +77,13 @@ def encoder_threads_for_host() -> int:
 
 
 class Runtime:
-    def __init__(self, settings: ServerSettings, backend: Backend | None = None) -> None:
+    def __init__(
+        self, settings: ServerSettings, backend: Backend | None = None, *, freeze_gc_when_ready: bool = False
+    ) -> None:
         if backend is None:
             settings.check_model()  # before any thread starts: no model, no backend to load
         self.settings = settings
+        self.freeze_gc_when_ready = freeze_gc_when_ready  # only the process that exists to serve (serve.py)
         self.backend = backend
         self.info: BackendInfo | None = None
         self.chat: ChatTokenizer | None = None
@@ -180,12 +183,14 @@ class Runtime:
             self._progress("warming up the request path", 0.98)
             timings = warm_up(self)
             logger.info("warm-up: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
-            # Everything alive now lives as long as the server (modules, the model's Python objects, the
-            # tokenizer: hundreds of thousands of tracked objects). Frozen, the cyclic collector stops
-            # re-scanning them in every full pass: those passes were ~30 % of the event loop's CPU while
-            # streaming (perf, docs/performance.md "Serving path"). Only what requests create is collected.
-            gc.collect()
-            gc.freeze()
+            if self.freeze_gc_when_ready:
+                # In `eagle3 serve` everything alive now lives as long as the process (modules, the model's
+                # Python objects, the tokenizer: hundreds of thousands of tracked objects). Frozen, the cyclic
+                # collector stops re-scanning them in every full pass: those passes were ~30 % of the event
+                # loop's CPU while streaming (perf, docs/performance.md "Serving path"). Not for an app in a
+                # process that outlives it (tests, embedding): its frozen cycles would never be collected.
+                gc.collect()
+                gc.freeze()
             self.metrics.load_time_s = time.monotonic() - self.started_at
             if self._records_load:
                 record_load_s(self._load_key, self.metrics.load_time_s)

@@ -84,7 +84,7 @@ class DrainingServer(uvicorn.Server):
 
 def serve(settings: ServerSettings) -> None:
     configure_logging(settings.log_level, settings.log_format)
-    app = create_app(settings)
+    app = create_app(settings, freeze_gc_when_ready=True)  # this process lives exactly as long as the app
     config = uvicorn.Config(
         app,
         host=settings.host,
