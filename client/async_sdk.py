@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterable
+from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
 import httpx
 
 from eagle3.client.base_client import (
+    DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
     TRANSPORT_ERRORS,
@@ -37,8 +39,10 @@ from eagle3.client.base_client import (
     split_requests,
     transport_error,
 )
+from eagle3.client.buffer_pool import BufferPool
 from eagle3.client.errors import APIError
 from eagle3.client.http_client import describe_readyz, new_async_http_client, response_status_error
+from eagle3.client.request_pipeline import apipelined
 from eagle3.client.request_samples import Sample, to_request_samples
 from eagle3.client.retry import MAX_RETRY_AFTER_S
 from eagle3.client.stream_read import Outcome, aread_stream
@@ -87,12 +91,17 @@ class AsyncExtractionClient(BaseClient):
         http_client: httpx.AsyncClient | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         cache: str | None = None,
+        buffer_pool: BufferPool | None = None,
+        max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     ) -> None:
         """As ``ExtractionClient``; ``http_client`` is an ``httpx.AsyncClient`` of yours (used as is, not
         closed by ``close()``), ``transport`` an ``httpx.AsyncBaseTransport`` (tests:
-        ``httpx.MockTransport``), ``sleep`` a coroutine function (``asyncio.sleep``)."""
-        super().__init__(urls, api_key, max_retries=max_retries, max_retry_after_s=max_retry_after_s, cache=cache)
+        ``httpx.MockTransport``), ``sleep`` a coroutine function (``asyncio.sleep``). A call's requests
+        beyond the first stream as tasks, ``max_in_flight_requests`` at once (``client/request_pipeline.py``)."""
+        super().__init__(urls, api_key, max_retries=max_retries, max_retry_after_s=max_retry_after_s, cache=cache,
+                         max_in_flight_requests=max_in_flight_requests)  # fmt: skip
         self._sleep = sleep
+        self._allocate = buffer_pool
         self._owns_http = http_client is None
         self._http = http_client if http_client is not None else new_async_http_client(timeout_s, transport)
 
@@ -185,9 +194,9 @@ class AsyncExtractionClient(BaseClient):
 
     async def _extract_all(self, requests: list[dict[str, Any]], codec: str | None) -> AsyncGenerator[Outcome, None]:
         limits = self._limits or self._remember_limits(await self.info())
-        for batch in split_requests(requests, limits):
-            async for item in self._extract_batch(batch, codec):
-                yield item
+        streams = [partial(self._extract_batch, batch, codec) for batch in split_requests(requests, limits)]
+        async for item in apipelined(streams, self.max_in_flight_requests):
+            yield item
 
     async def _extract_batch(self, requests: list[dict[str, Any]], codec: str | None) -> AsyncGenerator[Outcome, None]:
         batch = BatchAttempts(requests, self.max_retries)
@@ -217,7 +226,8 @@ class AsyncExtractionClient(BaseClient):
                 if resp.status_code != 200:
                     await resp.aread()
                     raise response_status_error(resp, url)
-                async for item in aread_stream(resp, url, requests, self._layout.get(url), self.counters):
+                async for item in aread_stream(resp, url, requests, self._layout.get(url), self.counters,
+                                              self._allocate):  # fmt: skip
                     yield item
         except TRANSPORT_ERRORS as exc:
             raise transport_error(exc, url, request_id) from None

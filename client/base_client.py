@@ -53,6 +53,9 @@ API_KEY_ENV = "EAGLE3_API_KEY"
 SERVER_URL_ENV = "EAGLE3_SERVER_URL"  # like OPENAI_BASE_URL: the default ``urls`` (comma-separated for several)
 DEFAULT_TIMEOUT_S = 120.0  # per read: the server sends a heartbeat every 10 s while it works
 DEFAULT_MAX_RETRIES = 5
+# requests of one call streaming at once (client/request_pipeline.py): the next request's forward pass runs
+# while the caller reads the current one; each more holds one more request's samples in memory
+DEFAULT_MAX_IN_FLIGHT_REQUESTS = 2
 NO_LIMIT = 1 << 62
 
 
@@ -67,6 +70,7 @@ class BaseClient:
         max_retries: int,
         max_retry_after_s: float,
         cache: str | None,
+        max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     ) -> None:
         if urls is None:
             urls = [u.strip() for u in os.environ.get(SERVER_URL_ENV, "").split(",") if u.strip()]
@@ -78,6 +82,9 @@ class BaseClient:
         if cache not in (None, *CACHE_MODES):
             raise ValueError(f"cache must be one of {', '.join(CACHE_MODES)}, got {cache!r}")
         self.cache = cache
+        if max_in_flight_requests < 1:
+            raise ValueError(f"max_in_flight_requests must be at least 1, got {max_in_flight_requests}")
+        self.max_in_flight_requests = max_in_flight_requests
         self.max_retry_after_s = max_retry_after_s
         # bytes received and seconds per client stage, all calls (``client/stream_read.py``): read
         # ``wire_bytes`` for MB/s; ``stage_s`` (receive, verify, decode) is what bench/serving.py reports

@@ -255,6 +255,7 @@ def _run(
             sleep=sleep,
             cache=config.cache,
             buffer_pool=pool,
+            max_in_flight_requests=1,  # one batch = one request here: requests_per_server is the concurrency
         )  # fmt: skip
         for url in urls
         for _ in range(config.requests_per_server)

@@ -26,14 +26,17 @@ the next URL of the list.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any, Literal
 
 import httpx
 
 from eagle3.client.base_client import (
     API_KEY_ENV,
+    DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
     SERVER_URL_ENV,
@@ -54,6 +57,7 @@ from eagle3.client.http_client import (
     parse_server_info,
     response_status_error,
 )
+from eagle3.client.request_pipeline import pipelined
 from eagle3.client.request_samples import (
     DEFAULT_LOSS_MASK,
     JSON_BYTES_PER_TOKEN,
@@ -101,14 +105,18 @@ class ExtractionClient(BaseClient):
         sleep: Callable[[float], None] = time.sleep,
         cache: str | None = None,
         buffer_pool: BufferPool | None = None,
+        max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     ) -> None:
         """``urls``: one server or several; default ``$EAGLE3_SERVER_URL`` (comma-separated). ``api_key``:
         default ``$EAGLE3_API_KEY``. ``http_client``: an ``httpx.Client`` of yours (proxies, TLS, event
         hooks, or a ``fastapi.testclient.TestClient``); it is used as is and not closed by ``close()``.
         ``cache``: ``"bypass"`` asks the server to compute every sample (not served from nor stored in
         its feature cache); None or ``"use"``: the server's cache serves repeats. ``buffer_pool``: the
-        samples' memory is recycled from it once nothing references it (``extract_dataset`` passes one)."""
-        super().__init__(urls, api_key, max_retries=max_retries, max_retry_after_s=max_retry_after_s, cache=cache)
+        samples' memory is recycled from it once nothing references it (``extract_dataset`` passes one).
+        ``max_in_flight_requests``: how many of a call's requests stream at once when its samples need more
+        than one (``client/request_pipeline.py``; 1: one after the other)."""
+        super().__init__(urls, api_key, max_retries=max_retries, max_retry_after_s=max_retry_after_s, cache=cache,
+                         max_in_flight_requests=max_in_flight_requests)  # fmt: skip
         self._sleep = sleep
         self._allocate = buffer_pool
         self._owns_http = http_client is None
@@ -212,19 +220,23 @@ class ExtractionClient(BaseClient):
         """Every sample exactly once, in arrival order: an ``ExtractedSample`` or a ``SampleFailure``.
 
         The samples go in as many requests as the server's limits need (``/v1/info``
-        ``max_request_tokens`` and ``max_body_bytes``, read once), one after the other, in order; a
-        single sample over the limit is sent alone (the server's 400 then names it)."""
+        ``max_request_tokens`` and ``max_body_bytes``, read once), ``max_in_flight_requests`` of them
+        streaming at once, their outcomes request by request in order; a single sample over the limit is
+        sent alone (the server's 400 then names it)."""
         return self._extract_all(to_request_samples(samples), codec)
 
     def _extract_all(self, requests: list[dict[str, Any]], codec: str | None) -> Iterator[Outcome]:
         limits = self._limits or self._remember_limits(self.info())
-        for batch in split_requests(requests, limits):
-            yield from self._extract_batch(batch, codec)
+        streams = [partial(self._extract_batch, batch, codec) for batch in split_requests(requests, limits)]
+        yield from pipelined(streams, self.max_in_flight_requests)
 
-    def _extract_batch(self, requests: list[dict[str, Any]], codec: str | None) -> Iterator[Outcome]:
-        """One request's samples, retried (only the samples not received) as ``max_retries`` allows."""
+    def _extract_batch(
+        self, requests: list[dict[str, Any]], codec: str | None, stop: threading.Event | None = None
+    ) -> Iterator[Outcome]:
+        """One request's samples, retried (only the samples not received) as ``max_retries`` allows; no
+        new attempt once ``stop`` is set (the caller left)."""
         batch = BatchAttempts(requests, self.max_retries)
-        while not batch.done:
+        while not batch.done and not (stop is not None and stop.is_set()):
             try:
                 for item in self._stream_once(self.url, batch.start(), codec):
                     if batch.take(item):

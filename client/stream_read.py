@@ -15,6 +15,7 @@ Stage seconds (``StreamCounters.stage_s``, all calls of a client; ``bench/servin
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -34,8 +35,19 @@ Outcome = ExtractedSample | SampleFailure
 
 @dataclass
 class StreamCounters:
+    """A client's totals over all its streams; several request threads add to it (``add``, locked)."""
+
     wire_bytes: int = 0  # bytes of frame streams received
     stage_s: dict[str, float] = field(default_factory=lambda: {"receive": 0.0, "verify": 0.0, "decode": 0.0})
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, wire_bytes: int = 0, receive_s: float = 0.0, verify_s: float = 0.0, decode_s: float = 0.0) -> None:
+        with self._lock:
+            self.wire_bytes += wire_bytes
+            stage = self.stage_s
+            stage["receive"] += receive_s
+            stage["verify"] += verify_s
+            stage["decode"] += decode_s
 
 
 def _uninitialized(n_bytes: int) -> NDArray:
@@ -68,21 +80,18 @@ class StreamReader:
 
     def feed(self, chunk: bytes, receive_s: float) -> Iterator[Outcome]:
         """``chunk`` and the seconds spent waiting for it (stage ``receive``)."""
-        stage = self.counters.stage_s
         clock = time.perf_counter
-        stage["receive"] += receive_s
         received = clock()
-        self.counters.wire_bytes += len(chunk)
         frames = self.decoder.feed(chunk)
-        stage["verify"] += clock() - received
+        self.counters.add(len(chunk), receive_s, verify_s=clock() - received)
         for frame in frames:  # each frame's samples go out before the next frame can raise
             started = clock()
             outcomes = self.assembler.handle(frame)
-            stage["decode"] += clock() - started
+            self.counters.add(decode_s=clock() - started)
             yield from outcomes
 
     def close(self, receive_s: float) -> None:
-        self.counters.stage_s["receive"] += receive_s
+        self.counters.add(receive_s=receive_s)
         self.decoder.close()
 
 
@@ -116,9 +125,10 @@ async def aread_stream(
     requests: list[dict[str, Any]],
     expect: dict[str, Any] | None,
     counters: StreamCounters,
+    allocate: Allocate | None = None,
 ) -> AsyncIterator[Outcome]:
     """``read_stream`` of an ``httpx.AsyncClient`` response (``aiter_raw``)."""
-    reader = StreamReader(resp, url, requests, expect, counters)
+    reader = StreamReader(resp, url, requests, expect, counters, allocate)
     clock = time.perf_counter
     chunks = resp.aiter_raw()
     while True:
