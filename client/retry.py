@@ -40,7 +40,8 @@ def retry_delay_s(exc: APIError, attempt: int, max_retry_after_s: float = MAX_RE
     retry_after = getattr(exc, "retry_after_s", None)
     if retry_after is not None:
         return float(min(retry_after, max_retry_after_s))
-    backoff = min(INITIAL_RETRY_DELAY_S * 2.0**attempt, MAX_RETRY_DELAY_S)
+    # the exponent is capped before the power: 2.0 ** 1024 overflows (a long retry budget reaches it)
+    backoff = min(INITIAL_RETRY_DELAY_S * 2.0 ** min(attempt, 32), MAX_RETRY_DELAY_S)
     return backoff * (1.0 - 0.25 * random.random())  # noqa: S311 - jitter, not crypto
 
 

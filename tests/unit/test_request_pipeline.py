@@ -5,6 +5,7 @@ really overlap (a request held at the server until the next one arrives complete
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 import time
@@ -19,6 +20,7 @@ from eagle3.client.async_sdk import AsyncExtractionClient
 from eagle3.client.errors import BadRequestError
 from eagle3.client.request_pipeline import apipelined, pipelined
 from eagle3.client.sdk import ExtractionClient
+from eagle3.core.protocol.frames import CONTENT_TYPE
 from tests.unit.sdk_fake import Call, FakeServer, expected_hidden
 
 
@@ -238,3 +240,35 @@ def test_async_sdk_keeps_requests_in_flight() -> None:
     assert [s.sample_id for s in got] == [s["id"] for s in SAMPLES]
     for item, sent in zip(got, SAMPLES, strict=True):
         np.testing.assert_array_equal(item.hidden_states_bf16, expected_hidden(sent["input_ids"]))
+
+
+def test_leaving_early_stops_retrying_requests_and_their_threads() -> None:
+    # the first request answers; every other one is cut before its first sample (retryable) and resent for as
+    # long as the retry budget lasts: only the check before each attempt can stop those threads
+    server = FakeServer()
+    server.info["limits"]["max_request_tokens"] = 40
+    sent: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/extract":
+            return server.handle(request)
+        samples = json.loads(request.content)["samples"]
+        sent.append(samples[0]["id"])
+        call = Call() if samples[0]["id"] == "s0" else Call(truncate_after_samples=0)
+        data = server.frames(samples, call)
+        return httpx.Response(200, content=iter([data]), headers={"content-type": CONTENT_TYPE})
+
+    with ExtractionClient("http://fake:8000", transport=httpx.MockTransport(handle), max_retries=10**9,
+                          sleep=lambda _s: time.sleep(0.001), max_in_flight_requests=3) as client:  # fmt: skip
+        outcomes = client.extract_stream(SAMPLES)
+        assert next(outcomes).sample_id == "s0"
+        time.sleep(0.05)
+        assert len(sent) > 3, "the other requests should be retrying"
+        outcomes.close()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 5
+        while any(t.name == "eagle3-request" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not any(t.name == "eagle3-request" for t in threading.enumerate()), "request threads outlived the call"
+        n_sent = len(sent)
+        time.sleep(0.2)
+        assert len(sent) == n_sent, "a request was sent after the caller left"

@@ -154,6 +154,7 @@ def test_backoff_grows_with_jitter_and_a_cap():
     exc = APIConnectionError("x")
     delays = [client.retry_delay_s(exc, attempt) for attempt in range(8)]
     assert 0.375 <= delays[0] <= 0.5 and 0.75 <= delays[1] <= 1.0 and 12 <= delays[7] <= 16
+    assert 12 <= client.retry_delay_s(exc, 5000) <= 16  # a long retry budget: capped, no float overflow
 
 
 def test_sample_error_fails_that_sample_only():
