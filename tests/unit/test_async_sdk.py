@@ -170,3 +170,22 @@ def test_no_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EAGLE3_SERVER_URL", raising=False)
     with pytest.raises(ValueError, match="EAGLE3_SERVER_URL"):
         AsyncExtractionClient()
+
+
+def test_async_client_recycles_frame_buffers_from_its_pool():
+    from eagle3.client.buffer_pool import BufferPool
+    from eagle3.core.codec import Codec
+
+    server = FakeServer(codec=Codec.NONE)
+    big = [{"id": f"b{i}", "input_ids": [(i + 3 * j) % 250 + 1 for j in range(4000)]} for i in range(3)]  # 384 KB each
+    pool = BufferPool(64 << 20)
+
+    async def twice(client: AsyncExtractionClient) -> None:
+        for _ in range(2):
+            async for item in client.extract(big):
+                sent = next(s for s in big if s["id"] == item.sample_id)
+                np.testing.assert_array_equal(item.hidden_states_bf16, expected_hidden(sent["input_ids"]))
+                del item  # dropped: its buffer is free for the next frame
+
+    with_client(server, twice, buffer_pool=pool)
+    assert pool.n_allocated >= 1 and pool.n_reused >= 3, (pool.n_allocated, pool.n_reused)
