@@ -174,10 +174,12 @@ def test_no_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_async_client_recycles_frame_buffers_from_its_pool():
     from eagle3.client.buffer_pool import BufferPool
-    from eagle3.core.codec import Codec
+    from eagle3.core.protocol.frames import Codec
 
     server = FakeServer(codec=Codec.NONE)
-    big = [{"id": f"b{i}", "input_ids": [(i + 3 * j) % 250 + 1 for j in range(4000)]} for i in range(3)]  # 384 KB each
+    big: list[dict[str, Any]] = [
+        {"id": f"b{i}", "input_ids": [(i + 3 * j) % 250 + 1 for j in range(4000)]} for i in range(3)
+    ]  # 384 KB each
     pool = BufferPool(64 << 20)
 
     async def twice(client: AsyncExtractionClient) -> None:
