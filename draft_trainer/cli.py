@@ -137,6 +137,10 @@ def add_trainer_commands(sub: Any) -> None:
     vllm.add_argument("--engine-args-json", default=None, metavar="JSON", help="a JSON object of EngineArgs fields")
     vllm.add_argument("--kv-cache-gib", type=float, default=1.0,
                       help="KV cache per engine, GiB (default 1; 0: vLLM sizes it)")  # fmt: skip
+    vllm.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                      help="the verifier's dtype in both engines (default float32, as the eagle3 engine: the "
+                      "identical-output check is exact; in bf16 a near-tie can round differently in the "
+                      "verify pass than in a 1-token step, docs/deploy.md)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--same-sequences", action="store_true",
@@ -227,7 +231,8 @@ def run_eval(args: argparse.Namespace) -> int:
         prompts = heldout_prompts(args.prepared, args.features, args.n_prompts, args.heldout_fraction)
         report = evaluate_vllm(args.export, resolve_model_dir(model), prompts, k=args.k,
                                max_new_tokens=args.max_new_tokens, tensor_parallel_size=args.tensor_parallel_size,
-                               engine_args=engine_args, kv_cache_gib=args.kv_cache_gib or None)  # fmt: skip
+                               engine_args=engine_args, kv_cache_gib=args.kv_cache_gib or None,
+                               dtype=args.dtype)  # fmt: skip
         print(json.dumps(report.to_json()) if args.json else report.format_text())
         return 0
     result = evaluate(args.export, prepared=args.prepared, features=args.features, model=model, k=args.k,

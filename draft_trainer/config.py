@@ -70,6 +70,9 @@ class TrainConfig:
     truncate: bool = False  # cut samples longer than max_batch_tokens instead of failing
     init_from: str = ""  # warm start: a run directory or its draft/ (weights only)
     init_lm_head_from_verifier: bool = True  # lm_head rows = the verifier's rows of the draft vocab
+    # keep those rows (and the final norm, the verifier's too) fixed: the draft must then produce states the
+    # verifier's own head reads, EAGLE-1's choice; less to memorise on small data (docs/training.md)
+    freeze_lm_head: bool = False
     progress: bool = True
     log_to: str = ""  # experiment trackers besides metrics.jsonl: "tensorboard", "wandb" or both (comma list)
     wandb_project: str = "eagle3"
@@ -86,6 +89,9 @@ class TrainConfig:
         if not _DEVICE_RE.fullmatch(self.device):
             raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         parse_log_to(self.log_to)  # unknown names and missing packages fail before any step
+        if self.freeze_lm_head and not self.init_lm_head_from_verifier and not self.init_from:
+            raise ConfigError("freeze_lm_head keeps the verifier's lm_head rows: it needs init_lm_head_from_verifier "
+                              "(or init_from a run that had them)")  # fmt: skip
         if self.attention not in _ATTENTION:
             raise ConfigError(f"attention must be one of {', '.join(_ATTENTION)}, got {self.attention!r}")
 

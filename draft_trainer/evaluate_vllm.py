@@ -294,7 +294,14 @@ def evaluate_vllm(
                       logs / "vllm_eagle3.log", timeout_s)  # fmt: skip
     mismatch = first_difference(base.token_ids, spec.token_ids)
     if mismatch is not None and require_identical:
-        raise VllmOutputMismatchError(f"vLLM greedy output changed with the eagle3 draft {export_path}: {mismatch}")
+        hint, effective = "", (engine_args or {}).get("dtype", dtype)
+        if effective in ("bfloat16", "float16"):
+            hint = (f" (in {effective} a near-tie can round differently in the {k + 1}-token verify pass than in a "
+                    "1-token step: a mismatch late in a long generation is likely that; rerun in float32, "
+                    "docs/deploy.md)")  # fmt: skip
+        raise VllmOutputMismatchError(
+            f"vLLM greedy output changed with the eagle3 draft {export_path}: {mismatch}{hint}"
+        )
     return build_report(export_path, model_path, k, dtype, prompt_ids, base, spec, mismatch)
 
 

@@ -149,6 +149,9 @@ class Trainer:
         meta = self.data.meta
         model, teacher = build_draft(cfg, meta.hidden_size, meta.aux_layer_ids)
         self.model, self.teacher = model.to(self.device), teacher.to(self.device)  # weights and d2t/t2d/embed
+        if cfg.freeze_lm_head:  # the verifier's head and final norm stay as initialised (config.py)
+            self.model.lm_head.weight.requires_grad_(False)
+            self.model.norm.weight.requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.micro_per_step = self.world * cfg.grad_accum_steps

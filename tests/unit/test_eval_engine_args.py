@@ -5,6 +5,7 @@ engine starts (core/engine_args.py, draft_trainer/evaluate_vllm.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,3 +56,38 @@ def test_cli_rejects_a_malformed_engine_arg_before_any_work(tmp_path: Path, caps
                  "--model", "SmolLM2-135M-Instruct", "--engine-arg", "max_num_seqs"])  # fmt: skip
     assert code == 1
     assert "--engine-arg 'max_num_seqs': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_runs_both_vllm_engines_in_float32_unless_told(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from eagle3.draft_trainer import evaluate, evaluate_vllm
+
+    seen: list[str] = []
+
+    def fake_evaluate_vllm(*_args: object, dtype: str, **_kwargs: object) -> object:
+        seen.append(dtype)
+        raise evaluate_vllm.VllmEvalError("stop here")
+
+    monkeypatch.setattr(evaluate_vllm, "evaluate_vllm", fake_evaluate_vllm)
+    monkeypatch.setattr(evaluate, "heldout_prompts", lambda *_a, **_k: [])
+    args = ["eval", str(tmp_path / "export"), "--prepared", str(tmp_path / "p"), "--engine", "vllm",
+            "--model", "SmolLM2-135M-Instruct"]  # fmt: skip
+    assert main(args) == 1 and main([*args, "--dtype", "bfloat16"]) == 1
+    assert seen == ["float32", "bfloat16"]
+
+
+def test_a_bf16_mismatch_names_the_near_tie_and_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from eagle3.draft_trainer import evaluate_vllm
+
+    def fake_run_engine(llm: dict[str, Any], *_args: object) -> evaluate_vllm.EngineRun:
+        tokens = ((5, 6, 7),) if "speculative_config" not in llm else ((5, 6, 8),)
+        return evaluate_vllm.EngineRun(load_s=1.0, generate_s=1.0, n_generated_tokens=3, token_ids=tokens,
+                                       spec_counters={})  # fmt: skip
+
+    monkeypatch.setattr(evaluate_vllm, "check_export_dir", lambda _p: None)
+    monkeypatch.setattr(evaluate_vllm, "check_eval_engine_args", lambda _a: None)
+    monkeypatch.setattr(evaluate_vllm, "render_prompts", lambda _m, _p: [[1, 2]])
+    monkeypatch.setattr(evaluate_vllm, "run_engine", fake_run_engine)
+    for dtype, hinted in (("bfloat16", True), ("float32", False)):
+        with pytest.raises(evaluate_vllm.VllmOutputMismatchError) as info:
+            evaluate_vllm.evaluate_vllm(tmp_path, tmp_path, [[1, 2]], dtype=dtype, log_dir=tmp_path)
+        assert ("rerun in float32" in str(info.value)) is hinted
