@@ -27,33 +27,46 @@ import asyncio
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_ITEM, _END, _ERROR = 0, 1, 2
+
+class _Failed:
+    """A request's exception, handed from its thread or task to the caller, raised there in order."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
 
 
-def _pump(stream: Callable[[threading.Event], Iterator[Any]], out: queue.SimpleQueue[Any],
+_END = object()  # a request's last outcome was handed over
+
+
+def _handed(message: Any) -> bool:
+    """True for an outcome to yield, False at the end of the request; raises the request's exception."""
+    if isinstance(message, _Failed):
+        raise message.exc
+    return message is not _END
+
+
+def _pump(stream: Callable[[threading.Event], Generator[Any, None, None]], out: queue.SimpleQueue[Any],
           stop: threading.Event) -> None:  # fmt: skip
     outcomes = stream(stop)
     try:
         for item in outcomes:
             if stop.is_set():
                 return
-            out.put((_ITEM, item))
-        out.put((_END, None))
+            out.put(item)
+        out.put(_END)
     except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there in order
-        out.put((_ERROR, exc))
+        out.put(_Failed(exc))
     finally:
-        close = getattr(outcomes, "close", None)
-        if close is not None:
-            close()  # a generator stopped early closes its response now, not at garbage collection
+        outcomes.close()  # a request stopped early closes its response now, not at garbage collection
 
 
 def pipelined(
-    streams: Sequence[Callable[[threading.Event], Iterator[T]]], max_in_flight: int
+    streams: Sequence[Callable[[threading.Event], Generator[T, None, None]]], max_in_flight: int
 ) -> Generator[T, None, None]:
     """The outcomes of ``streams`` (one per request, called with a stop event) in order, at most
     ``max_in_flight`` of them running at once, each on a daemon thread; ``max_in_flight`` 1 runs them
@@ -81,14 +94,8 @@ def pipelined(
             start_next()
         while running:
             out, _thread = running[0]
-            while True:
-                kind, value = out.get()
-                if kind == _ITEM:
-                    yield value
-                elif kind == _END:
-                    break
-                else:
-                    raise value
+            while _handed(message := out.get()):
+                yield message
             running.popleft()
             start_next()
     finally:
@@ -110,12 +117,12 @@ async def apipelined(streams: Sequence[Callable[[], AsyncIterator[T]]], max_in_f
     async def pump(stream: Callable[[], AsyncIterator[Any]], out: asyncio.Queue[Any]) -> None:
         try:
             async for item in stream():
-                out.put_nowait((_ITEM, item))
-            out.put_nowait((_END, None))
+                out.put_nowait(item)
+            out.put_nowait(_END)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's task, in order
-            out.put_nowait((_ERROR, exc))
+            out.put_nowait(_Failed(exc))
 
     def start_next() -> None:
         stream = next(pending, None)
@@ -128,14 +135,8 @@ async def apipelined(streams: Sequence[Callable[[], AsyncIterator[T]]], max_in_f
             start_next()
         while running:
             out, _task = running[0]
-            while True:
-                kind, value = await out.get()
-                if kind == _ITEM:
-                    yield value
-                elif kind == _END:
-                    break
-                else:
-                    raise value
+            while _handed(message := await out.get()):
+                yield message
             running.popleft()
             start_next()
     finally:

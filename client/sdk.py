@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from functools import partial
 from typing import Any, Literal
 
@@ -232,7 +232,7 @@ class ExtractionClient(BaseClient):
 
     def _extract_batch(
         self, requests: list[dict[str, Any]], codec: str | None, stop: threading.Event | None = None
-    ) -> Iterator[Outcome]:
+    ) -> Generator[Outcome, None, None]:
         """One request's samples, retried (only the samples not received) as ``max_retries`` allows; no
         new attempt once ``stop`` is set (the caller left)."""
         batch = BatchAttempts(requests, self.max_retries)

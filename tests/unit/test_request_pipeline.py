@@ -9,7 +9,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
 import httpx
@@ -39,8 +39,8 @@ class Requests:
         self.saw_stop: set[int] = set()
         self.streams = [self._stream(r) for r in range(n_requests)]
 
-    def _stream(self, r: int) -> Callable[[threading.Event], Iterator[tuple[int, int]]]:
-        def run(stop: threading.Event) -> Iterator[tuple[int, int]]:
+    def _stream(self, r: int) -> Callable[[threading.Event], Generator[tuple[int, int], None, None]]:
+        def run(stop: threading.Event) -> Generator[tuple[int, int], None, None]:
             with self.lock:
                 self.started.append(r)
                 self.running += 1
