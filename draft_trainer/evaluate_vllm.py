@@ -165,7 +165,7 @@ def first_difference(want: Sequence[Sequence[int]], got: Sequence[Sequence[int]]
 
 
 # EngineArgs the evaluation sets itself: the two engines must differ only by the draft
-OWNED_ENGINE_ARGS = ("model", "tokenizer", "speculative_config")
+OWNED_ENGINE_ARGS = ("model", "tokenizer", "speculative_config", "dtype")  # dtype: ``--dtype`` / ``dtype=``
 
 
 def _engine_request(model_dir: Path, export_dir: Path | None, k: int, dtype: str, max_model_len: int,
@@ -294,9 +294,9 @@ def evaluate_vllm(
                       logs / "vllm_eagle3.log", timeout_s)  # fmt: skip
     mismatch = first_difference(base.token_ids, spec.token_ids)
     if mismatch is not None and require_identical:
-        hint, effective = "", (engine_args or {}).get("dtype", dtype)
-        if effective in ("bfloat16", "float16"):
-            hint = (f" (in {effective} a near-tie can round differently in the {k + 1}-token verify pass than in a "
+        hint = ""
+        if dtype in ("bfloat16", "float16"):
+            hint = (f" (in {dtype} a near-tie can round differently in the {k + 1}-token verify pass than in a "
                     "1-token step: a mismatch late in a long generation is likely that; rerun in float32, "
                     "docs/deploy.md)")  # fmt: skip
         raise VllmOutputMismatchError(

@@ -39,6 +39,8 @@ def test_eval_checks_against_the_installed_vllm() -> None:
         check_eval_engine_args({"max_num_seq": 8})
     with pytest.raises(VllmEvalError, match="speculative_config"):
         check_eval_engine_args({"speculative_config": {}})
+    with pytest.raises(VllmEvalError, match="dtype"):  # one way to set it: --dtype (the report says which ran)
+        check_eval_engine_args({"dtype": "bfloat16"})
 
 
 def test_both_engines_get_the_same_settings_and_differ_only_by_the_draft(tmp_path: Path) -> None:
