@@ -19,6 +19,7 @@ from eagle3.core.features_writer import FeaturesWriter
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedSample, iter_prepared
 from eagle3.core.sample import ExtractedSample
+from eagle3.draft_trainer.vocab import DraftVocab, build_draft_vocab, save_vocab
 from eagle3.server.backends.base import BackendConfig
 from eagle3.server.backends.hf import HfBackend
 
@@ -51,6 +52,15 @@ def random_samples(
         prompt = int(rng.integers(2, n // 2 + 1))
         out.append(PreparedSample(f"s{i}", ids, [0] * prompt + [1] * (n - prompt)))
     return out
+
+
+def write_vocab(samples: Sequence[PreparedSample], out_dir: Path, vocab_size: int, draft_vocab_size: int) -> DraftVocab:
+    """``eagle3 vocab`` of the samples' trained-on tokens (``loss_mask`` 1) into ``out_dir``."""
+    counts = np.bincount([i for s in samples for i, m in zip(s.input_ids, s.loss_mask, strict=True) if m],
+                         minlength=vocab_size)  # fmt: skip
+    vocab, stats = build_draft_vocab(counts, draft_vocab_size)
+    save_vocab(vocab, stats, counts, out_dir)
+    return vocab
 
 
 def write_features(

@@ -16,8 +16,7 @@ from safetensors.torch import load_file
 
 from eagle3.draft_trainer.config import load_config
 from eagle3.draft_trainer.train import METRICS_FILE, train
-from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
-from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
+from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features, write_vocab
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -32,9 +31,7 @@ def test_two_gloo_processes_equal_one_with_the_same_global_batch(tmp_path: Path)
     model = tiny_llama_dir(tmp_path / "model", hidden_size=32)
     samples = random_samples(40, 97, seed=9)
     features = write_features(samples, tmp_path / "features", model)
-    counts = np.bincount([i for s in samples for i, m in zip(s.input_ids, s.loss_mask, strict=True) if m], minlength=97)
-    vocab, stats = build_draft_vocab(counts, 64)
-    save_vocab(vocab, stats, counts, tmp_path / "vocab")
+    write_vocab(samples, tmp_path / "vocab", 97, 64)
     common = {"ttt_steps": "3", "max_batch_tokens": "64", "epochs": "3", "progress": "false", "lr": "3e-3",
               "warmup_steps": "2", "heldout_fraction": "0.1"}  # fmt: skip
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from eagle3.draft_trainer.config import load_config
 from eagle3.draft_trainer.errors import ConfigError
 from eagle3.draft_trainer.train import Trainer
-from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
-from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
+from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features, write_vocab
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +21,7 @@ def test_frozen_head_and_norm_stay_the_verifiers_while_the_rest_trains(tmp_path:
     model = tiny_llama_dir(tmp_path / "model", hidden_size=32)
     samples = random_samples(16, 97, seed=3)
     features = write_features(samples, tmp_path / "features", model)
-    counts = np.bincount([i for s in samples for i, m in zip(s.input_ids, s.loss_mask, strict=True) if m], minlength=97)
-    vocab, stats = build_draft_vocab(counts, 64)
-    save_vocab(vocab, stats, counts, tmp_path / "vocab")
+    vocab = write_vocab(samples, tmp_path / "vocab", 97, 64)
     cfg = load_config(None, {"features": str(features), "vocab": str(tmp_path / "vocab"), "model": str(model),
                              "out": str(tmp_path / "run"), "ttt_steps": 3, "max_batch_tokens": 96, "epochs": 5,
                              "lr": 1e-2, "warmup_steps": 1, "progress": False, "freeze_lm_head": True})  # fmt: skip

@@ -21,8 +21,7 @@ from eagle3.draft_trainer.config import load_config
 from eagle3.draft_trainer.errors import ConfigError
 from eagle3.draft_trainer.trackers import RUN_ID_FILE
 from eagle3.draft_trainer.train import METRICS_FILE, train
-from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
-from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
+from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features, write_vocab
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -34,9 +33,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     model = tiny_llama_dir(root / "model", hidden_size=32)
     samples = random_samples(48, 97, seed=2)
     features = write_features(samples, root / "features", model)
-    counts = np.bincount([i for s in samples for i, m in zip(s.input_ids, s.loss_mask, strict=True) if m], minlength=97)
-    vocab, stats = build_draft_vocab(counts, 64)
-    save_vocab(vocab, stats, counts, root / "vocab")
+    write_vocab(samples, root / "vocab", 97, 64)
     return {"features": str(features), "vocab": str(root / "vocab"), "model": str(model), "ttt_steps": "3",
             "max_batch_tokens": "96", "epochs": "40", "checkpoint_every_steps": "3", "progress": "false",
             "lr": "3e-3", "warmup_steps": "5"}  # fmt: skip
