@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,16 @@ def test_smoke_run_with_a_tokenizer_only_kit(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "EAGLE3_CHECK_SMOKE": "1", "PYTHON": sys.executable, "OUT": str(out),
            "EAGLE3_DEVICE_KIT": str(kit)}  # fmt: skip
-    done = subprocess.run(["bash", str(ROOT / "bench" / "device_check.sh")], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)  # fmt: skip
+    # its own process group: on a timeout the benches and the server they started go with the script
+    proc = subprocess.Popen(["bash", str(ROOT / "bench" / "device_check.sh")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
     log = (out / "log").read_text() if (out / "log").exists() else ""
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + log[-3000:]
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-2000:] + log[-3000:]
     extract = json.loads((out / "gpu_extract.json").read_text())
     assert extract["c_over_b"] > 0 and extract["c_http_to_disk"]["server_rss_after_load_mb"] > 0
     train = json.loads((out / "train.json").read_text())
