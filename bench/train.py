@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-tokens", type=int, default=1024)
     parser.add_argument("--ttt-steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--autocast-bf16",
+        default="false",
+        help="bf16 autocast on CPU: false, true, or both (side by side, alternating)",
+    )
     scaling = parser.add_argument_group("--synthetic: memory and speed vs tokens per micro-batch, random features")
     scaling.add_argument("--synthetic", action="store_true")
     scaling.add_argument("--shapes", default="smollm2,llama8b")
@@ -50,15 +55,26 @@ def main(argv: list[str] | None = None) -> int:
         from bench import train_scaling
 
         return train_scaling.main(args)
+    if not args.features or not args.vocab:
+        parser.error("--features and --vocab are required (or --synthetic)")
+    modes = {"false": [False], "true": [True], "both": [False, True]}.get(args.autocast_bf16)
+    if modes is None:
+        parser.error(f"--autocast-bf16 must be false, true or both, got {args.autocast_bf16!r}")
+    for autocast in modes:
+        print(json.dumps(run_real(args, autocast)), flush=True)
+    return 0
+
+
+def run_real(args: argparse.Namespace, autocast: bool) -> dict[str, object]:
+    """``--steps`` real optimizer steps on ``--features`` after ``--warmup`` unmeasured ones."""
     from eagle3.draft_trainer.config import load_config
     from eagle3.draft_trainer.train import Trainer
 
-    if not args.features or not args.vocab:
-        parser.error("--features and --vocab are required (or --synthetic)")
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(None, {"features": args.features, "vocab": args.vocab, "model": args.model, "out": out,
                                  "max_batch_tokens": args.max_batch_tokens, "ttt_steps": args.ttt_steps,
-                                 "torch_threads": args.threads, "epochs": 1000, "progress": False})  # fmt: skip
+                                 "torch_threads": args.threads, "epochs": 1000, "progress": False,
+                                 "autocast_bf16": autocast})  # fmt: skip
         trainer = Trainer(cfg)
         for _ in range(args.warmup):
             trainer.train_step()
@@ -70,15 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     tokens = sum(r["tokens"] for r in records)
     data_s = sum(r["data_s"] for r in records)
     step_s = sum(r["step_s"] for r in records)
-    print(json.dumps({
-        "bench": "train", "device": "cpu", "torch_threads": args.threads, "cpu": platform.machine(),
-        "torch": torch.__version__, "steps": args.steps, "max_batch_tokens": args.max_batch_tokens,
+    return {
+        "bench": "train", "device": "cpu", "autocast_bf16": autocast, "torch_threads": args.threads,
+        "cpu": platform.machine(), "torch": torch.__version__, "steps": args.steps,
+        "max_batch_tokens": args.max_batch_tokens,
         "ttt_steps": args.ttt_steps, "draft_vocab_size": trainer.model.cfg.draft_vocab_size,
         "tokens": tokens, "wall_s": round(wall_s, 2), "train_tokens_per_s": round(tokens / wall_s, 1),
         "steps_per_s": round(args.steps / wall_s, 3), "data_share": round(data_s / step_s, 4),
         "compute_share": round(1 - data_s / step_s, 4), "data_ms_per_step": round(1000 * data_s / args.steps, 1),
-    }))  # fmt: skip
-    return 0
+        "loss_last": round(float(records[-1].get("loss", float("nan"))), 4),
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -143,14 +143,14 @@ def _teacher_targets(
         step = chunk_rows_for(target_ids.shape[0], final.device)
         for i in range(0, rows.shape[0], step):
             part = rows[i : i + step]
-            teacher_logp[part] = teacher(final[part], target_ids).log_softmax(-1)  # [c, Vd]
+            teacher_logp[part] = teacher(final[part], target_ids).float().log_softmax(-1)  # [c, Vd]
         return teacher_logp, in_vocab & need
     flags = torch.zeros(n, dtype=torch.bool, device=final.device)  # [T]
     step = chunk_rows_for(teacher.lm_head_weight.shape[0], final.device)
     for i in range(0, rows.shape[0], step):
         part = rows[i : i + step]
         full = teacher(final[part])  # [c, V]
-        teacher_logp[part] = full[:, target_ids].log_softmax(-1)
+        teacher_logp[part] = full[:, target_ids].float().log_softmax(-1)
         flags[part] = draft.t2d[full.argmax(-1)]
     return teacher_logp, flags
 
