@@ -24,6 +24,14 @@ duplicate. ``distill.json`` records the input, the server's identity and the set
 others is refused (``--overwrite`` starts again). ``samples.jsonl`` appears only when all is done (after
 ``meta.json`` and ``stats.json``). Sampled runs (``temperature > 0``) use ``seed`` (default 0) plus the
 batch and turn number per request, so they resume deterministically too.
+
+Extra replies (``sampled_replies`` N > 0, ``eagle3 distill --sampled-replies N``): besides its reply at
+``temperature`` (id ``<id>-distill``), every prompt gets N replies sampled at ``sampled_temperature``
+(ids ``<id>-distill~s1`` ... ``~sN``, core/protocol/prepared.py ``variant_id``), more of the verifier's
+own text per prompt. They go in their own requests (one per batch and turn, seeded apart from the
+main replies), follow their prompt in the output, and resume like the rest. Training splits them
+with their prompt: none of the extra replies to a held-out prompt is trained on
+(draft_trainer/data.py).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from eagle3.core.protocol.prepared import (
     PreparedSample,
     iter_prepared,
     read_meta,
+    variant_id,
 )
 from eagle3.core.protocol.wire import ServerInfo
 
@@ -67,13 +76,24 @@ class DistillConfig:
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     seed: int | None = None  # sampled runs: default 0 (resumable)
+    sampled_replies: int = 0  # extra replies per prompt, sampled at sampled_temperature (ids <id>-distill~s<k>)
+    sampled_temperature: float = 0.8
     timeout_s: float = 900.0  # read timeout of one generate request
     overwrite: bool = False
     progress: Callable[[int, int], None] | None = None  # (samples done, samples selected) after each batch
 
+    def __post_init__(self) -> None:
+        if self.sampled_replies < 0:
+            raise ValueError(f"sampled_replies must be >= 0, got {self.sampled_replies}")
+        if self.sampled_replies and self.sampled_temperature <= 0:
+            raise ValueError(
+                f"sampled_temperature must be > 0 for sampled replies, got {self.sampled_temperature} "
+                "(greedy extra replies would repeat the greedy one)"
+            )
+
     def identity(self) -> dict[str, Any]:
         """The settings that decide the output (a resume must use the same)."""
-        return {
+        settings: dict[str, Any] = {
             "max_samples": self.max_samples,
             "max_new_tokens": self.max_new_tokens,
             "prompts_per_request": self.prompts_per_request,
@@ -81,6 +101,14 @@ class DistillConfig:
             "top_p": self.top_p,
             "seed": self.seed,
         }
+        if self.sampled_replies:  # absent otherwise: runs started before the option resume as they were
+            settings.update(sampled_replies=self.sampled_replies, sampled_temperature=self.sampled_temperature)
+        return settings
+
+    def reply_ids(self, turns: Turns) -> list[str]:
+        """The output ids of one prompt's replies, in output order: the main one, then the extra ones."""
+        main = turns.sample_id + ID_SUFFIX
+        return [main] + [variant_id(main, k) for k in range(1, self.sampled_replies + 1)]
 
 
 @dataclass(frozen=True)
@@ -167,59 +195,62 @@ class _Run:
     def batch(self, batch_no: int, batch: list[Turns]) -> list[PreparedSample]:
         """The distilled samples of one batch, in batch order (the dropped ones left out)."""
         cfg, stops = self.config, self.info.stop_token_ids
-        ids: dict[str, list[int]] = {t.sample_id: [] for t in batch}
-        mask: dict[str, list[int]] = {t.sample_id: [] for t in batch}
-        alive = {t.sample_id for t in batch}
+        # (prompt's turns, output id, group): group 0 the main reply, 1 the extra sampled ones
+        rows = [(t, out_id, min(j, 1)) for t in batch for j, out_id in enumerate(cfg.reply_ids(t))]
+        temperatures = (cfg.temperature, cfg.sampled_temperature)
+        ids: dict[str, list[int]] = {out_id: [] for _, out_id, _ in rows}
+        mask: dict[str, list[int]] = {out_id: [] for _, out_id, _ in rows}
+        alive = set(ids)
         for k in range(max(len(t.replies) for t in batch)):
-            asks: list[tuple[Turns, list[int]]] = []
-            for t in batch:
-                if t.sample_id not in alive or k >= len(t.replies):
-                    continue
-                prompt = ids[t.sample_id] + t.prompts[k]
-                if len(prompt) + cfg.max_new_tokens > self.info.max_model_len:
-                    alive.discard(t.sample_id)  # the sample ends before this turn
-                    continue
-                asks.append((t, prompt))
-            for part, chunk in enumerate(self._chunks(asks)):
-                seed = None
-                if cfg.temperature > 0:
-                    seed = ((cfg.seed or 0) + batch_no * 65_536 + k * 64 + part) % (1 << 63)
-                out = self._generate([{"id": t.sample_id, "input_ids": p} for t, p in chunk], seed)
-                for (t, _), reply in zip(chunk, out.replies, strict=True):
-                    new = list(reply.output_ids)
-                    self.generated_tokens += len(new)
-                    ids[t.sample_id] += t.prompts[k] + new
-                    mask[t.sample_id] += [0] * len(t.prompts[k]) + [1] * len(new)
-                    if reply.finish_reason == "stop":
-                        tail = after_end_of_turn(t.replies[k], stops)
-                        ids[t.sample_id] += tail
-                        mask[t.sample_id] += [1] * len(tail)
-                    else:
-                        alive.discard(t.sample_id)  # cut by max_new_tokens: no later turn follows it
+            for group, temperature in enumerate(temperatures):
+                asks: list[tuple[Turns, str, list[int]]] = []
+                for t, out_id, in_group in rows:
+                    if in_group != group or out_id not in alive or k >= len(t.replies):
+                        continue
+                    prompt = ids[out_id] + t.prompts[k]
+                    if len(prompt) + cfg.max_new_tokens > self.info.max_model_len:
+                        alive.discard(out_id)  # the sample ends before this turn
+                        continue
+                    asks.append((t, out_id, prompt))
+                for part, chunk in enumerate(self._chunks(asks)):
+                    seed = None
+                    if temperature > 0:  # the extra replies' seeds lie 2^40 apart from the main ones'
+                        seed = ((cfg.seed or 0) + group * (1 << 40) + batch_no * 65_536 + k * 64 + part) % (1 << 63)
+                    out = self._generate([{"id": out_id, "input_ids": p} for _, out_id, p in chunk], temperature, seed)
+                    for (t, out_id, _), reply in zip(chunk, out.replies, strict=True):
+                        new = list(reply.output_ids)
+                        self.generated_tokens += len(new)
+                        ids[out_id] += t.prompts[k] + new
+                        mask[out_id] += [0] * len(t.prompts[k]) + [1] * len(new)
+                        if reply.finish_reason == "stop":
+                            tail = after_end_of_turn(t.replies[k], stops)
+                            ids[out_id] += tail
+                            mask[out_id] += [1] * len(tail)
+                        else:
+                            alive.discard(out_id)  # cut by max_new_tokens: no later turn follows it
         out_samples = []
-        for t in batch:
-            if 1 not in mask[t.sample_id]:
+        for t, out_id, group in rows:
+            if 1 not in mask[out_id]:
                 self.dropped += 1
-                logger.warning(
-                    "distill: sample %r dropped: its first prompt leaves no room in the context", t.sample_id
-                )
+                logger.warning("distill: sample %r dropped: its first prompt leaves no room in the context", out_id)
                 continue
+            temperature = temperatures[group]
             source = f"{self.source} {t.sample_id} (verifier {self.info.backend} {self.info.model_id}, "
-            source += "greedy)" if cfg.temperature == 0 else f"T={cfg.temperature} top_p={cfg.top_p})"
-            out_samples.append(PreparedSample(t.sample_id + ID_SUFFIX, ids[t.sample_id], mask[t.sample_id], source))
+            source += "greedy)" if temperature == 0 else f"T={temperature} top_p={cfg.top_p})"
+            out_samples.append(PreparedSample(out_id, ids[out_id], mask[out_id], source))
         return out_samples
 
-    def _chunks(self, asks: list[tuple[Turns, list[int]]]) -> Iterator[list[tuple[Turns, list[int]]]]:
+    def _chunks(self, asks: list[tuple[Turns, str, list[int]]]) -> Iterator[list[tuple[Turns, str, list[int]]]]:
         """Requests under the server's request-token cap (prompt + max_new_tokens each), in order."""
-        return consecutive_runs(asks, lambda ask: len(ask[1]) + self.config.max_new_tokens, self.request_cap)
+        return consecutive_runs(asks, lambda ask: len(ask[2]) + self.config.max_new_tokens, self.request_cap)
 
-    def _generate(self, prompts: list[dict[str, Any]], seed: int | None) -> GenerateResponse:
+    def _generate(self, prompts: list[dict[str, Any]], temperature: float, seed: int | None) -> GenerateResponse:
         cfg = self.config
         self.requests += 1
         return self.client.generate(
             prompts,
             max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
+            temperature=temperature,
             top_p=cfg.top_p,
             seed=seed,
             timeout_s=cfg.timeout_s,
@@ -277,7 +308,7 @@ def distill_dataset(
 ) -> DistillSummary:
     """Write ``out_dir`` (a prepared directory) with the verifier's replies; resumes (module docstring)."""
     cfg = config or DistillConfig()
-    if cfg.temperature > 0 and cfg.seed is None:
+    if (cfg.temperature > 0 or cfg.sampled_replies) and cfg.seed is None:
         cfg = dataclasses.replace(cfg, seed=0)
     prepared, out = Path(prepared_dir), Path(out_dir)
     started = time.monotonic()
@@ -313,7 +344,7 @@ def distill_dataset(
         with open(out / PARTIAL_FILE, "a", encoding="utf-8") as fh:
             for batch_no, start in enumerate(range(0, len(selected), per)):
                 batch = selected[start : start + per]
-                if all(t.sample_id + ID_SUFFIX in done_ids for t in batch):
+                if all(out_id in done_ids for t in batch for out_id in cfg.reply_ids(t)):
                     continue
                 for sample in run.batch(batch_no, batch):
                     if sample.sample_id in done_ids:

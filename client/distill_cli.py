@@ -10,7 +10,7 @@ from typing import Any
 
 from eagle3.client.distill import DistillConfig, distill_dataset
 from eagle3.client.sdk import API_KEY_ENV, SERVER_URL_ENV
-from eagle3.core.cli_args import non_negative_float, positive_float, positive_int
+from eagle3.core.cli_args import non_negative_float, non_negative_int, positive_float, positive_int
 
 
 def add_distill_command(sub: Any) -> None:
@@ -35,6 +35,11 @@ def add_distill_command(sub: Any) -> None:
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=positive_float, default=1.0, help="nucleus sampling mass (default 1)")
     p.add_argument("--seed", type=int, default=None, help="sampled runs: base seed (default 0)")
+    p.add_argument("--sampled-replies", type=non_negative_int, default=0, metavar="N",
+                   help="besides each prompt's reply, N more sampled at --sampled-temperature (ids "
+                   "<id>-distill~s1..~sN; training keeps every reply to a held-out prompt out; default 0)")  # fmt: skip
+    p.add_argument("--sampled-temperature", type=positive_float, default=0.8,
+                   help="temperature of the --sampled-replies (default 0.8; --top-p applies to them too)")  # fmt: skip
     p.add_argument("--timeout-s", type=positive_float, default=900.0, help="read timeout per request (default 900)")
     p.add_argument("--overwrite", action="store_true", help="start again instead of resuming --out")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -57,6 +62,8 @@ def run_distill(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
+        sampled_replies=args.sampled_replies,
+        sampled_temperature=args.sampled_temperature,
         timeout_s=args.timeout_s,
         overwrite=args.overwrite,
         progress=None if args.no_progress else progress,

@@ -3,7 +3,10 @@
 Invariants:
 
 * The held-out split is a pure function of the sample ids and ``heldout_fraction`` (a hash), so it is
-  the same on every rank, on resume, and for ``eagle3 eval``.
+  the same on every rank, on resume, and for ``eagle3 eval``. Extra replies to one prompt (ids
+  ``<base>~s<k>``, ``eagle3 distill --sampled-replies``) hash as ``<base>``: all on the training side,
+  or, for a held-out prompt, none trained on and none scored (the held-out split keeps the one reply
+  ``<base>``, the one offline metrics compare with what ``eagle3 eval`` generates).
 * A micro-batch holds at most ``max_batch_tokens`` tokens of whole samples packed end to end (no
   padding). A sample longer than ``max_batch_tokens`` is an error unless ``truncate`` is set.
 * The plan of an epoch (order of samples, cut into micro-batches) depends only on the seed, the epoch
@@ -22,12 +25,14 @@ import torch
 
 from eagle3.core.codec import bf16_to_float32
 from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.protocol.prepared import variant_of
 from eagle3.draft_trainer.errors import DataError
 from eagle3.draft_trainer.ttt import PackedBatch
 
 
 def is_heldout(sample_id: str, heldout_fraction: float) -> bool:
-    digest = hashlib.sha256(sample_id.encode()).digest()
+    """Whether the sample's prompt is held out: a hash of its id, of ``<base>`` for an extra reply."""
+    digest = hashlib.sha256(variant_of(sample_id)[0].encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction
 
 
@@ -35,6 +40,7 @@ def is_heldout(sample_id: str, heldout_fraction: float) -> bool:
 class Split:
     train: tuple[int, ...]  # reader positions
     heldout: tuple[int, ...]
+    n_dropped: int = 0  # extra replies (``<base>~s<k>``) to held-out prompts: in neither split
 
 
 class FeaturesData:
@@ -56,7 +62,9 @@ class FeaturesData:
         ids = self.reader.sample_ids
         held = [i for i, s in enumerate(ids) if is_heldout(s, heldout_fraction)]
         held_set = set(held)
-        self.split = Split(tuple(i for i in range(len(ids)) if i not in held_set), tuple(held))
+        scored = tuple(i for i in held if variant_of(ids[i])[1] == 0)
+        train = tuple(i for i in range(len(ids)) if i not in held_set)
+        self.split = Split(train, scored, len(held) - len(scored))
         if not self.split.train:
             raise DataError(f"{features_dir}: heldout_fraction {heldout_fraction} leaves no training samples")
 

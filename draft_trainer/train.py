@@ -275,7 +275,8 @@ class Trainer:
         return {"heldout_acc": acc, "heldout_sim_accept": simulated_acceptance(acc), "heldout_terms": stats[2].tolist(),
                 "heldout_ce": (stats[0] / stats[2].clamp(min=1)).tolist(), "heldout_tau": rounds.tau,
                 "heldout_accepted_per_position": rounds.accepted_per_position,
-                "heldout_rounds": rounds.rounds}  # fmt: skip
+                "heldout_rounds": rounds.rounds, "heldout_samples": len(self.data.split.heldout),
+                "heldout_extra_replies_left_out": self.data.split.n_dropped}  # fmt: skip
 
 
 def _log(path: Path, record: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@
 Steps: prepare (builtin:chatterbot with the verifier's chat template); a resident ``eagle3 serve``
 subprocess, started once and used for both of the steps that need the verifier: distill (the
 verifier's own greedy replies to the first ``--samples`` prompts through ``POST /v1/generate``,
-``eagle3.client.distill``: a draft learns what the verifier will say, not what the corpus said) and,
+``eagle3.client.distill``: a draft learns what the verifier will say, not what the corpus said; with
+``--sampled-replies N`` also N replies sampled at T 0.8 per prompt, more of the verifier's text) and,
 after vocab, ``extract_dataset`` through HTTP to a features directory (the path every user takes:
 nothing here loads the verifier in-process for distillation or features, so the pipeline loads it
 once); train; export (vLLM's flat EAGLE-3 format); eval: real speculative decoding with the
@@ -25,7 +26,7 @@ from typing import Any
 from eagle3.client.distill import DistillConfig, distill_dataset
 from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
-from eagle3.core.cli_args import add_model_argument, positive_int
+from eagle3.core.cli_args import add_model_argument, non_negative_int, positive_int
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 from eagle3.draft_trainer.cli import format_vocab_stats
@@ -75,6 +76,9 @@ def add_demo_command(sub: Any) -> None:
     add_model_argument(p, default=DEFAULT_MODEL)
     p.add_argument("--samples", type=positive_int, default=640, help="prompts distilled and trained on (default 640)")
     p.add_argument("--epochs", type=positive_int, default=8, help="training epochs (default 8)")
+    p.add_argument("--sampled-replies", type=non_negative_int, default=0, metavar="N",
+                   help="besides each prompt's greedy reply, N more sampled at T 0.8 and trained on (eagle3 distill "
+                   "--sampled-replies; default 0; make demo-full uses 3)")  # fmt: skip
     p.add_argument("--draft-vocab-size", type=positive_int, default=8192, help="K (default 8192)")
     p.add_argument("-k", type=positive_int, default=4, help="draft tokens per round in eval (default 4)")
     p.add_argument("--eval-prompts", type=positive_int, default=40,
@@ -108,12 +112,14 @@ def run_demo(args: argparse.Namespace) -> int:
     log_path = out / "server.log"
     server_args = ["--model", args.model, "--backend", args.backend, "--dtype", DEMO_SERVER_DTYPE]
     with LocalServer(server_args, log_path) as server:  # the one load of the verifier
+        extra = f" (+ {args.sampled_replies} sampled at T 0.8 each)" if args.sampled_replies else ""
         step(3, f"eagle3 serve --backend {args.backend}, then distill: the verifier's greedy replies to "
-                f"{args.samples} prompts through POST /v1/generate -> {distilled}")  # fmt: skip
+                f"{args.samples} prompts{extra} through POST /v1/generate -> {distilled}")  # fmt: skip
         server.wait_ready(timeout_s=1800, on_phase=lambda phase: print(f"  server: {phase}"))
         print(f"  server ready at {server.url} (log {log_path})")
         distill = DistillConfig(max_samples=args.samples, max_new_tokens=DISTILL_NEW_TOKENS,
-                                prompts_per_request=DISTILL_PROMPTS_PER_REQUEST)  # fmt: skip
+                                prompts_per_request=DISTILL_PROMPTS_PER_REQUEST,
+                                sampled_replies=args.sampled_replies)  # fmt: skip
         print(distill_dataset(prepared, distilled, server.url, config=distill).format_text())
         step(4, f"vocab -> {vocab_dir}")
         print(format_vocab_stats(make_vocab(distilled, vocab_dir, args.draft_vocab_size)))

@@ -11,6 +11,9 @@ Invariants (checked by ``PreparedSample.__post_init__`` and ``iter_prepared``):
 * ``len(input_ids) == len(loss_mask) >= 1``; every mask entry is 0 or 1; at least one entry is 1;
 * ``0 <= input_ids[i] < meta.vocab_size`` (the verifier's embedding rows, not ``len(tokenizer)``);
 * sample ids are unique within a directory (prepare derives them from the input position);
+* an id ``<base>~s<k>`` (``variant_id``) is the ``k``-th extra reply to the prompt of sample ``<base>``
+  (``eagle3 distill --sampled-replies``): training splits it with ``<base>`` so that no reply to a
+  held-out prompt is trained on (draft_trainer/data.py ``split_role``);
 * ``samples.jsonl`` appears under its final name only once prepare has finished; a crashed run
   leaves ``samples.jsonl.partial`` next to it, never a truncated ``samples.jsonl``.
 """
@@ -18,6 +21,7 @@ Invariants (checked by ``PreparedSample.__post_init__`` and ``iter_prepared``):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +31,21 @@ SCHEMA_VERSION = 1
 SAMPLES_FILE = "samples.jsonl"
 META_FILE = "meta.json"
 STATS_FILE = "stats.json"
+VARIANT_MARK = "~s"
+_VARIANT_RE = re.compile(r"(.+)~s([1-9][0-9]*)")
+
+
+def variant_id(base: str, k: int) -> str:
+    """The id of the ``k``-th (``k >= 1``) extra reply to the prompt of sample ``base``."""
+    if k < 1:
+        raise ValueError(f"variant numbers start at 1, got {k}")
+    return f"{base}{VARIANT_MARK}{k}"
+
+
+def variant_of(sample_id: str) -> tuple[str, int]:
+    """``(base, k)`` of a ``variant_id``; ``(sample_id, 0)`` for any other id."""
+    match = _VARIANT_RE.fullmatch(sample_id)
+    return (match[1], int(match[2])) if match else (sample_id, 0)
 
 
 class PreparedFormatError(ValueError):

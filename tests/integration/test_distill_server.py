@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -127,3 +128,38 @@ def test_kill_and_rerun_resumes_with_no_duplicate(prepared: Path, server: LiveSe
     assert (again.n_written, again.n_resumed, again.requests) == (0, reference.n_written, 0)
     with pytest.raises(IncompatibleError, match="other settings"):
         distill_dataset(prepared, out, server.url, config=DistillConfig(max_new_tokens=NEW_TOKENS + 1))
+
+
+def test_sampled_replies_follow_their_prompt_and_resume(prepared: Path, server: LiveServer, tmp_path: Path) -> None:
+    """``--sampled-replies 2``: each prompt's main (greedy) reply is the one a greedy-only run writes, then two
+    replies sampled in their own requests (ids ``~s1``, ``~s2``), on the same prompt; deterministic, and a
+    rerun of a run cut after its first batch writes the same file."""
+    greedy = DistillConfig(max_new_tokens=NEW_TOKENS, prompts_per_request=PER_REQUEST, max_samples=4)
+    extra = dataclasses.replace(greedy, sampled_replies=2, sampled_temperature=1.0)
+    distill_dataset(prepared, tmp_path / "greedy", server.url, config=greedy)
+    summary = distill_dataset(prepared, tmp_path / "extra", server.url, config=extra)
+    mains = {s.sample_id: s for s in iter_prepared(tmp_path / "greedy")}
+    samples = list(iter_prepared(tmp_path / "extra"))
+    assert summary.n_selected == 4 and summary.n_written == len(samples) == 12
+    assert [s.sample_id for s in samples] == [i for m in mains for i in (m, f"{m}~s1", f"{m}~s2")]
+    differ = 0
+    for main_id, main in mains.items():
+        got = {s.sample_id: s for s in samples if s.sample_id.startswith(main_id)}
+        assert got[main_id].input_ids == main.input_ids, "the main reply is the greedy-only run's"
+        for k in (1, 2):
+            variant = got[f"{main_id}~s{k}"]
+            assert Turns.of(variant).prompts[0] == Turns.of(main).prompts[0]
+            assert 1 in variant.loss_mask and "T=1.0" in variant.source
+            differ += variant.input_ids != main.input_ids
+    assert differ >= 4, "replies sampled at T=1 should mostly differ from the greedy ones"
+    assert summary.requests == 2 * 2  # 2 batches x (the main replies, the extra ones)
+    cut = tmp_path / "cut"  # as a kill after the first batch leaves it
+    cut.mkdir()
+    (cut / "distill.json").write_bytes((tmp_path / "extra" / "distill.json").read_bytes())
+    lines = (tmp_path / "extra" / SAMPLES_FILE).read_text().splitlines(keepends=True)
+    (cut / PARTIAL_FILE).write_text("".join(lines[:6]))
+    resumed = distill_dataset(prepared, cut, server.url, config=extra)
+    assert (resumed.n_resumed, resumed.n_written, resumed.requests) == (6, 6, 2)
+    assert (cut / SAMPLES_FILE).read_bytes() == (tmp_path / "extra" / SAMPLES_FILE).read_bytes()
+    with pytest.raises(ValueError, match="sampled_temperature must be > 0"):
+        DistillConfig(sampled_replies=1, sampled_temperature=0.0)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from eagle3.cli import main
+from eagle3.core.protocol.prepared import variant_id, variant_of
 from eagle3.draft_trainer.config import TrainConfig, load_config, parse_overrides
-from eagle3.draft_trainer.data import FeaturesData
+from eagle3.draft_trainer.data import FeaturesData, is_heldout
 from eagle3.draft_trainer.errors import ConfigError, DataError
 from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
 
@@ -55,6 +57,28 @@ def test_split_and_plans(features: Path) -> None:
     assert all(sum(int(data.n_tokens[p]) for p in b) <= 64 for b in plan)
     assert plan == data.plan(train, 64, seed=0, epoch=0)
     assert plan != data.plan(train, 64, seed=0, epoch=1)
+
+
+def test_extra_replies_split_with_their_prompt(tmp_path: Path) -> None:
+    """``<base>~s<k>`` (eagle3 distill --sampled-replies) hashes as ``<base>``: every reply to a training
+    prompt trains; a held-out prompt keeps only its main reply in the held-out split, the extra ones are
+    in neither split (none trained on, none scored)."""
+    bases = [f"p{i}-distill" for i in range(40)]
+    held_bases = {b for b in bases if is_heldout(b, 0.2)}
+    assert held_bases and len(held_bases) < len(bases)
+    samples = random_samples(40 * 3, 97, min_len=5, max_len=12, seed=2)
+    ids = [b if k == 0 else variant_id(b, k) for b in bases for k in range(3)]
+    renamed = [dataclasses.replace(s, sample_id=i) for s, i in zip(samples, ids, strict=True)]
+    features = write_features(renamed, tmp_path / "features", tiny_llama_dir(tmp_path / "model", hidden_size=32))
+    data = FeaturesData(features, heldout_fraction=0.2)
+    names = data.reader.sample_ids
+    assert sorted(names[p] for p in data.split.heldout) == sorted(held_bases)
+    assert {names[p] for p in data.split.train} == {i for i in ids if variant_of(i)[0] not in held_bases}
+    assert data.split.n_dropped == 2 * len(held_bases)
+    assert variant_of("a~s2") == ("a", 2) and variant_of("a~s0") == ("a~s0", 0) and variant_of("~s1") == ("~s1", 0)
+    assert variant_of("x~s12") == ("x", 12) and variant_of("x~sy") == ("x~sy", 0)
+    with pytest.raises(ValueError, match="start at 1"):
+        variant_id("a", 0)
 
 
 def test_packed_batch_matches_the_reader(features: Path) -> None:
