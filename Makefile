@@ -15,6 +15,8 @@ STAMP := $(VENV)/.eagle3-installed
 DEMO_STAMP := $(VENV)/.eagle3-demo-installed
 # `make demo`: every step, small (a few minutes); `make demo-full`: the sizes behind the τ figures in the docs
 DEMO_ARGS ?= --samples 64 --epochs 2 --eval-prompts 5
+# demo-full: 640 prompts, each with its greedy reply and 3 more sampled at T 0.8 (docs/training.md), 6 epochs
+DEMO_FULL_ARGS ?= --sampled-replies 3 --epochs 6
 # pytest-xdist workers for `make test` (0: one process); tests/conftest.py worker_group says what runs together
 TEST_WORKERS ?= 2
 
@@ -49,7 +51,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/eagle3 demo --out demo_out $(DEMO_ARGS)
 
 demo-full: $(DEMO_STAMP)
-	$(BIN)/eagle3 demo --out demo_full
+	$(BIN)/eagle3 demo --out demo_full $(DEMO_FULL_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) tests
