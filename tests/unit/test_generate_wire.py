@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from eagle3.client.distill import Turns, after_end_of_turn, read_partial
+from eagle3.client.distill import DistillConfig, Turns, after_end_of_turn, read_partial
 from eagle3.client.errors import InvalidSampleError
 from eagle3.client.generate import generate_request
 from eagle3.core.protocol.frames import ProtocolError
@@ -159,3 +159,24 @@ def test_read_partial_cuts_only_a_torn_last_line(tmp_path: Path) -> None:
     path.write_text("garbage\n" + text)
     with pytest.raises(PreparedFormatError, match="damaged"):
         read_partial(path)
+
+
+def test_sampled_replies_ids_and_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--sampled-replies N``: a prompt's replies are its main one then ``~s1..~sN``; a negative N or a zero
+    temperature is a usage error naming the flag; the parsed flags reach ``DistillConfig``."""
+    from eagle3.cli import build_parser
+
+    turns = Turns("a", [[1]], [[2]])
+    assert DistillConfig(sampled_replies=2).reply_ids(turns) == ["a-distill", "a-distill~s1", "a-distill~s2"]
+    assert DistillConfig().reply_ids(turns) == ["a-distill"]
+    assert "sampled_replies" not in DistillConfig().identity()  # runs started before the flag resume unchanged
+    parser = build_parser()
+    args = parser.parse_args(["distill", "p", "--out", "o", "--sampled-replies", "3", "--sampled-temperature", "0.7"])
+    assert (args.sampled_replies, args.sampled_temperature) == (3, 0.7)
+    for bad, flag in (
+        (["--sampled-replies", "-1"], "--sampled-replies"),
+        (["--sampled-temperature", "0"], "--sampled-temperature"),
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["distill", "p", "--out", "o", *bad])
+        assert flag in capsys.readouterr().err
