@@ -94,7 +94,7 @@ def run_real(args: argparse.Namespace, autocast: bool) -> dict[str, object]:
         "tokens": tokens, "wall_s": round(wall_s, 2), "train_tokens_per_s": round(tokens / wall_s, 1),
         "steps_per_s": round(args.steps / wall_s, 3), "data_share": round(data_s / step_s, 4),
         "compute_share": round(1 - data_s / step_s, 4), "data_ms_per_step": round(1000 * data_s / args.steps, 1),
-        "loss_last": round(float(records[-1].get("loss", float("nan"))), 4),
+        "loss_last": round(records[-1]["loss"], 4),
     }  # fmt: skip
 
 

@@ -3,48 +3,39 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
 
 from eagle3.core.models import DEFAULT_MODEL
 
+N = TypeVar("N", int, float)
+
+
+def _checked_number(text: str, kind: Callable[[str], N], accept: Callable[[N], bool], expected: str) -> N:
+    """``kind(text)`` if it parses and ``accept`` holds; else argparse's usage error saying ``expected``."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not accept(value):  # nan fails every comparison: refused
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+    return value
+
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    return _checked_number(text, int, lambda v: v >= 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _checked_number(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
+    return _checked_number(text, float, lambda v: v > 0, "a positive number")
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+    return _checked_number(text, float, lambda v: v >= 0, "a number >= 0")
 
 
 MODEL_CHOICES_TEXT = (
