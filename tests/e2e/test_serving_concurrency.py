@@ -34,8 +34,8 @@ from tests.e2e.live_server import REPO_ROOT, LiveServer
 HIDDEN = 256  # 4 x 256 x 2 B = 2 KiB per token
 
 
-def synthetic_server(tmp_path: Path, keys: dict[str, str] | None = None) -> LiveServer:
-    args = ["--backend", "synthetic", "--synthetic-hidden-size", str(HIDDEN), "--max-batch-tokens", "2048"]
+def synthetic_server(tmp_path: Path, keys: dict[str, str] | None = None, *extra: str) -> LiveServer:
+    args = ["--backend", "synthetic", "--synthetic-hidden-size", str(HIDDEN), "--max-batch-tokens", "2048", *extra]
     server = LiveServer(args, tmp_path / "server.log", api_keys=keys)
     server.wait_ready(timeout_s=180)
     return server
@@ -129,7 +129,9 @@ def test_recycled_frame_buffers_never_change_a_sample(tmp_path: Path, monkeypatc
 def test_two_tenants_at_once_both_progress_throughout(tmp_path: Path) -> None:
     prepared, _, _ = random_prepared(tmp_path / "prepared", 16_000, p50=200)
     samples = [{"id": s.sample_id, "input_ids": s.input_ids} for s in iter_prepared(prepared)]
-    server = synthetic_server(tmp_path, keys={"alice": "ka", "bob": "kb"})
+    # both tenants ask for the same samples: without the feature cache each of them costs a forward pass,
+    # so the shares measure the scheduler's turns, not which tenant happened to hit the other's cache
+    server = synthetic_server(tmp_path, {"alice": "ka", "bob": "kb"}, "--cache-memory-mb", "0")
     arrivals: dict[str, list[float]] = {"alice": [], "bob": []}
 
     def pull(tenant: str, key: str) -> None:
