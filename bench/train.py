@@ -1,7 +1,8 @@
 """Training throughput on CPU: tokens/s and the share of time in data loading vs compute. Prints JSON.
 
     python -m bench.train --features FEATURES --vocab VOCAB [--model smollm2] [--steps 20]
-        [--max-batch-tokens 1024] [--ttt-steps 4] [--threads 1]
+        [--max-batch-tokens 1024] [--ttt-steps 4] [--threads 1] [--autocast-bf16 false|true|both]
+        [--real-attention auto,dense] [--keep-loss-elements 0,4194304] [--repeat 2]
     python -m bench.train --synthetic ...   # memory and speed vs micro-batch size (bench/train_scaling.py)
 
 Runs ``--warmup`` steps unmeasured, then ``--steps`` optimizer steps of the real training loop
@@ -35,6 +36,15 @@ def main(argv: list[str] | None = None) -> int:
         default="false",
         help="bf16 autocast on CPU: false, true, or both (side by side, alternating)",
     )
+    real = parser.add_argument_group("real features: variants run side by side, alternating, --repeat times each")
+    real.add_argument("--real-attention", default="auto", help="TTT attention implementations (comma list)")
+    real.add_argument(
+        "--keep-loss-elements",
+        default="",
+        help="ttt_loss.KEEP_LOSS_ELEMENTS values to compare (comma list; 0 checkpoints every loss chunk; "
+        "default: the module's value)",
+    )
+    real.add_argument("--repeat", type=int, default=1, help="rounds over the variants")
     scaling = parser.add_argument_group("--synthetic: memory and speed vs tokens per micro-batch, random features")
     scaling.add_argument("--synthetic", action="store_true")
     scaling.add_argument("--shapes", default="smollm2,llama8b")
@@ -60,12 +70,22 @@ def main(argv: list[str] | None = None) -> int:
     modes = {"false": [False], "true": [True], "both": [False, True]}.get(args.autocast_bf16)
     if modes is None:
         parser.error(f"--autocast-bf16 must be false, true or both, got {args.autocast_bf16!r}")
-    for autocast in modes:
-        print(json.dumps(run_real(args, autocast)), flush=True)
+    from eagle3.draft_trainer import ttt_loss
+
+    keeps = (
+        [int(v) for v in args.keep_loss_elements.split(",")]
+        if args.keep_loss_elements
+        else [ttt_loss.KEEP_LOSS_ELEMENTS]
+    )
+    variants = [(a, att, keep) for a in modes for att in args.real_attention.split(",") for keep in keeps]
+    for _ in range(args.repeat):
+        for autocast, attention, keep in variants:
+            ttt_loss.KEEP_LOSS_ELEMENTS = keep
+            print(json.dumps({**run_real(args, autocast, attention), "keep_loss_elements": keep}), flush=True)
     return 0
 
 
-def run_real(args: argparse.Namespace, autocast: bool) -> dict[str, object]:
+def run_real(args: argparse.Namespace, autocast: bool, attention: str = "auto") -> dict[str, object]:
     """``--steps`` real optimizer steps on ``--features`` after ``--warmup`` unmeasured ones."""
     from eagle3.draft_trainer.config import load_config
     from eagle3.draft_trainer.train import Trainer
@@ -74,7 +94,7 @@ def run_real(args: argparse.Namespace, autocast: bool) -> dict[str, object]:
         cfg = load_config(None, {"features": args.features, "vocab": args.vocab, "model": args.model, "out": out,
                                  "max_batch_tokens": args.max_batch_tokens, "ttt_steps": args.ttt_steps,
                                  "torch_threads": args.threads, "epochs": 1000, "progress": False,
-                                 "autocast_bf16": autocast})  # fmt: skip
+                                 "autocast_bf16": autocast, "attention": attention})  # fmt: skip
         trainer = Trainer(cfg)
         for _ in range(args.warmup):
             trainer.train_step()
@@ -87,7 +107,8 @@ def run_real(args: argparse.Namespace, autocast: bool) -> dict[str, object]:
     data_s = sum(r["data_s"] for r in records)
     step_s = sum(r["step_s"] for r in records)
     return {
-        "bench": "train", "device": "cpu", "autocast_bf16": autocast, "torch_threads": args.threads,
+        "bench": "train", "device": "cpu", "autocast_bf16": autocast, "attention": attention,
+        "torch_threads": args.threads,
         "cpu": platform.machine(), "torch": torch.__version__, "steps": args.steps,
         "max_batch_tokens": args.max_batch_tokens,
         "ttt_steps": args.ttt_steps, "draft_vocab_size": trainer.model.cfg.draft_vocab_size,

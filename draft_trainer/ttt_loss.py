@@ -6,6 +6,12 @@ activation checkpoint (``torch.utils.checkpoint``, non-reentrant): only its ``[r
 for backward and the chunk's logits are recomputed there, so the vocab-sized memory of a step is one
 chunk (``rows * Vd <= LOSS_CHUNK_ELEMENTS``, larger on CUDA) instead of K steps x T rows x Vd kept until backward.
 The values equal the unchunked loss up to float summation order (the CE of a row is computed whole).
+
+A step whose counted rows are few (``rows * Vd <= KEEP_LOSS_ELEMENTS``: 512 rows at Vd 8,192, the demo's
+micro-batch) is one chunk computed without the checkpoint: its activations (a few ``[rows, Vd]`` tensors,
+<= 16 MiB each in fp32) are kept for backward instead of the logits being recomputed there, which saved
+the ~15 % of a CPU step that the recomputation of the draft head cost (docs/training.md, "Speed").
+Memory stays bounded by a constant per step, so it stays linear in tokens for large micro-batches.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ LOSS_CHUNK_ELEMENTS = 1 << 23  # rows * vocab of one chunk off CUDA (8 Mi elemen
 # On CUDA a chunk of 262 rows (Vd 32,000) leaves the GPU idle between small kernels and checkpoints;
 # 32 Mi elements (1,048 rows, ~0.6 GB of transient fp32 per chunk) keeps the matrix products large.
 CUDA_LOSS_CHUNK_ELEMENTS = 1 << 25
+KEEP_LOSS_ELEMENTS = 1 << 22  # rows * vocab of a step at most this: no checkpoint, its activations are kept
 
 
 def chunk_rows_for(vocab_size: int, device: torch.device | None = None) -> int:
@@ -57,11 +64,14 @@ def chunk_terms(
     ``rows`` of ``prenorm`` [T, H], whose teacher rows of ``teacher_logp`` [T, Vd] / ``teacher_arg`` [T]
     are ``teacher_rows`` [m]."""
     step = chunk_rows_for(teacher_logp.shape[-1], prenorm.device)
+    keep = rows.shape[0] * teacher_logp.shape[-1] <= KEEP_LOSS_ELEMENTS  # small step: one chunk, no recompute
+    if keep:
+        step = max(step, rows.shape[0])
     ces, hits = [], []
     for start in range(0, rows.shape[0], step):
         part, tpart = rows[start : start + step], teacher_rows[start : start + step]
         args = (draft, prenorm[part], teacher_logp, tpart, teacher_arg[tpart])
-        if torch.is_grad_enabled() and prenorm.requires_grad:
+        if torch.is_grad_enabled() and prenorm.requires_grad and not keep:
             ce, hit = checkpoint(_chunk, *args, use_reentrant=False)
         else:
             ce, hit = _chunk(*args)

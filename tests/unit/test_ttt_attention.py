@@ -86,6 +86,7 @@ def test_ttt_forward_blockwise_and_chunked_equals_dense_unchunked(monkeypatch: p
     dense = ttt_forward(draft, teacher, batch, 7, attention="dense")
     dense_grads = torch.autograd.grad(dense.loss, params)
     monkeypatch.setattr(ttt_loss, "LOSS_CHUNK_ELEMENTS", 3 * 40)  # 3 rows of the 40-id draft vocab
+    monkeypatch.setattr(ttt_loss, "KEEP_LOSS_ELEMENTS", 0)  # every chunk checkpointed
     chunked = ttt_forward(draft, teacher, batch, 7, attention="blockwise")
     grads = torch.autograd.grad(chunked.loss, params)
     assert _rel(chunked.loss, dense.loss) <= 1e-5
@@ -111,6 +112,7 @@ def test_checkpointed_loss_chunks_keep_no_vocab_sized_copies(monkeypatch: pytest
 
     monkeypatch.setattr(ttt_loss, "_chunk", recording_chunk)
     monkeypatch.setattr(ttt_loss, "LOSS_CHUNK_ELEMENTS", 3 * 40)  # 3 rows of the 40-id draft vocab
+    monkeypatch.setattr(ttt_loss, "KEEP_LOSS_ELEMENTS", 0)  # every chunk checkpointed
     out = ttt_forward(draft, teacher, batch, 7, attention="blockwise")
     n_rows = sum([11, 1, 17, 9])
     assert len(seen) > 7, "several chunks per step ran"
@@ -118,6 +120,36 @@ def test_checkpointed_loss_chunks_keep_no_vocab_sized_copies(monkeypatch: pytest
     assert len({ptr for ptr, _ in seen}) == 1, "every chunk of every step shares one teacher tensor"
     out.loss.backward()  # the recomputation in backward gets the same arguments
     assert {shape for _, shape in seen} == {(n_rows, 40)}
+
+
+def test_small_steps_keep_their_loss_activations_and_equal_the_checkpointed_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step of at most KEEP_LOSS_ELEMENTS (rows x Vd) runs as one chunk without the checkpoint (no head
+    recomputation in backward); loss, hits and gradients equal the checkpointed chunks'. Above it, checkpoints."""
+    draft, teacher = _draft()
+    batch = _batch([11, 1, 17, 9], seed=5)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    calls: list[int] = []
+    real_checkpoint = ttt_loss.checkpoint
+
+    def counting_checkpoint(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real_checkpoint(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ttt_loss, "checkpoint", counting_checkpoint)
+    kept = ttt_forward(draft, teacher, batch, 7, attention="blockwise")  # 38 rows x 40 ids: far below the default
+    kept_grads = torch.autograd.grad(kept.loss, params)
+    assert calls == [], "a small step was checkpointed"
+    monkeypatch.setattr(ttt_loss, "KEEP_LOSS_ELEMENTS", 0)
+    monkeypatch.setattr(ttt_loss, "LOSS_CHUNK_ELEMENTS", 3 * 40)
+    checkpointed = ttt_forward(draft, teacher, batch, 7, attention="blockwise")
+    grads = torch.autograd.grad(checkpointed.loss, params)
+    assert len(calls) > 7, "above the limit every chunk is checkpointed"
+    assert _rel(kept.loss, checkpointed.loss) <= 1e-6
+    assert torch.equal(kept.correct, checkpointed.correct) and torch.equal(kept.n_terms, checkpointed.n_terms)
+    for got, want in zip(kept_grads, grads, strict=True):
+        assert _rel(got, want) <= 1e-5
 
 
 def test_flex_block_mask_equals_create_block_mask() -> None:
