@@ -43,8 +43,10 @@ DISTILL_NEW_TOKENS = 48  # per reply
 DISTILL_PROMPTS_PER_REQUEST = 64  # one generate request: the verifier decodes 64 prompts as one batch
 # bf16 autocast and dense TTT attention: speed only (bench/train.py side by side on this CPU, 512-token
 # micro-batches: bf16 1.2x, dense 1.09x; dense's [heads, 512, 512] scores are small at this batch size)
-DEMO_TRAIN = {"ttt_steps": 4, "max_batch_tokens": 512, "lr": 2e-3, "torch_threads": 2, "heldout_fraction": 0.05,
-              "autocast_bf16": True, "attention": "dense"}  # fmt: skip
+DEMO_HELDOUT_FRACTION = 0.05  # the trainer's hash split, which eval's prompts come from
+DEMO_TRAIN: dict[str, object] = {"ttt_steps": 4, "max_batch_tokens": 512, "lr": 2e-3, "torch_threads": 2,
+                                 "heldout_fraction": DEMO_HELDOUT_FRACTION, "autocast_bf16": True,
+                                 "attention": "dense"}  # fmt: skip
 # Speculative round cost in verifier decode forwards (bench/round_cost.py; docs/performance.md "Speculative
 # round cost"): a 5-token verify of the 135M verifier costs 2.2x a 1-token forward on this project's CPU (fp32,
 # 1 thread, compute-bound); on one H200 (bf16, Llama-3.1-8B shape, eager transformers, context 256) 1.13x,
@@ -143,7 +145,7 @@ def run_demo(args: argparse.Namespace) -> int:
     export_draft(run_dir, export_dir)
     print(f"  {len(check_export(export_dir))} tensors match vLLM's loader")
     step(8, f"eval: speculative decoding, k={args.k}, up to {args.eval_prompts} prompts of the held-out split")
-    fraction: float | None = DEMO_TRAIN["heldout_fraction"]
+    fraction: float | None = DEMO_HELDOUT_FRACTION
     try:
         heldout_prompts(prepared, features, args.eval_prompts, fraction)
     except DataError:  # a small --samples can leave the hash split empty

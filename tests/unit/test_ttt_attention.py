@@ -131,7 +131,7 @@ def test_small_steps_keep_their_loss_activations_and_equal_the_checkpointed_loss
     batch = _batch([11, 1, 17, 9], seed=5)
     params = [p for p in draft.parameters() if p.requires_grad]
     calls: list[int] = []
-    real_checkpoint = ttt_loss.checkpoint
+    real_checkpoint = torch.utils.checkpoint.checkpoint
 
     def counting_checkpoint(*args: object, **kwargs: object) -> object:
         calls.append(1)
