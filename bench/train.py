@@ -2,7 +2,7 @@
 
     python -m bench.train --features FEATURES --vocab VOCAB [--model smollm2] [--steps 20]
         [--max-batch-tokens 1024] [--ttt-steps 4] [--threads 1] [--autocast-bf16 false|true|both]
-        [--real-attention auto,dense] [--keep-loss-elements 0,4194304] [--repeat 2]
+        [--attention auto,dense] [--keep-loss-elements 0,4194304] [--repeat 2]
     python -m bench.train --synthetic ...   # memory and speed vs micro-batch size (bench/train_scaling.py)
 
 Runs ``--warmup`` steps unmeasured, then ``--steps`` optimizer steps of the real training loop
@@ -36,8 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         default="false",
         help="bf16 autocast on CPU: false, true, or both (side by side, alternating)",
     )
+    parser.add_argument(
+        "--attention",
+        default="",
+        help="TTT attention implementations, comma list: auto, blockwise, flex, dense (default: auto with real "
+        "features, blockwise,dense with --synthetic)",
+    )
     real = parser.add_argument_group("real features: variants run side by side, alternating, --repeat times each")
-    real.add_argument("--real-attention", default="auto", help="TTT attention implementations (comma list)")
     real.add_argument(
         "--keep-loss-elements",
         default="",
@@ -49,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     scaling.add_argument("--synthetic", action="store_true")
     scaling.add_argument("--shapes", default="smollm2,llama8b")
     scaling.add_argument("--tokens", default="2048,4096,8192,16384")
-    scaling.add_argument("--attention", default="blockwise,dense", help="auto, blockwise, flex, dense (comma list)")
     scaling.add_argument("--device", default="cpu")
     scaling.add_argument("--dense-max-gb", type=float, default=6.0)
     scaling.add_argument(
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.synthetic:
         from bench import train_scaling
 
+        args.attention = args.attention or "blockwise,dense"
         return train_scaling.main(args)
     if not args.features or not args.vocab:
         parser.error("--features and --vocab are required (or --synthetic)")
@@ -72,12 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--autocast-bf16 must be false, true or both, got {args.autocast_bf16!r}")
     from eagle3.draft_trainer import ttt_loss
 
-    keeps = (
-        [int(v) for v in args.keep_loss_elements.split(",")]
-        if args.keep_loss_elements
-        else [ttt_loss.KEEP_LOSS_ELEMENTS]
-    )
-    variants = [(a, att, keep) for a in modes for att in args.real_attention.split(",") for keep in keeps]
+    try:
+        keeps = [int(v) for v in args.keep_loss_elements.split(",")] if args.keep_loss_elements else None
+    except ValueError:
+        parser.error(f"--keep-loss-elements takes integers (comma list), got {args.keep_loss_elements!r}")
+    keeps = keeps or [ttt_loss.KEEP_LOSS_ELEMENTS]
+    attentions = (args.attention or "auto").split(",")
+    variants = [(a, att, keep) for a in modes for att in attentions for keep in keeps]
     for _ in range(args.repeat):
         for autocast, attention, keep in variants:
             ttt_loss.KEEP_LOSS_ELEMENTS = keep
