@@ -56,6 +56,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 10
     weight_decay: float = 0.0
+    # residual dropout on the draft layer's attention and MLP outputs while training (GPT-2's place); the
+    # held-out eval, speculation and the export never drop; 0 = off (docs/training.md, "Regularisers")
+    dropout: float = 0.0
     grad_clip: float = 1.0
     heldout_fraction: float = 0.05
     seed: int = 0
@@ -84,6 +87,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not _DEVICE_RE.fullmatch(self.device):

@@ -161,6 +161,7 @@ class EagleDraft(nn.Module):
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.resid_dropout = nn.Dropout(0.0)  # the trainer sets p (TrainConfig.dropout); no weights, not exported
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.target_vocab_size, dtype=torch.bool))
         self.register_buffer(
@@ -191,9 +192,12 @@ class EagleDraft(nn.Module):
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Attention output [T, nh*d] + residual [T, H] -> prenorm layer output [T, H]."""
-        mid = self.midlayer
-        h = mid.self_attn.o_proj(attn_out) + residual  # [T, H]
-        return h + mid.mlp(mid.post_attention_layernorm(h))  # type: ignore[no-any-return]
+        mid, drop = self.midlayer, self.resid_dropout
+        if not (self.training and drop.p > 0):  # eval, speculation and p = 0: no dropout op at all
+            h = mid.self_attn.o_proj(attn_out) + residual  # [T, H]
+            return h + mid.mlp(mid.post_attention_layernorm(h))  # type: ignore[no-any-return]
+        h = drop(mid.self_attn.o_proj(attn_out)) + residual  # [T, H]
+        return h + drop(mid.mlp(mid.post_attention_layernorm(h)))  # type: ignore[no-any-return]
 
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(prenorm))  # type: ignore[no-any-return]  # [T, Vd]

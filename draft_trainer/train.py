@@ -149,6 +149,8 @@ class Trainer:
         meta = self.data.meta
         model, teacher = build_draft(cfg, meta.hidden_size, meta.aux_layer_ids)
         self.model, self.teacher = model.to(self.device), teacher.to(self.device)  # weights and d2t/t2d/embed
+        self.model.resid_dropout.p = cfg.dropout
+        self.model.train()  # dropout on while training; evaluate_heldout switches it off for its pass
         if cfg.freeze_lm_head:  # the verifier's head and final norm stay as initialised (config.py)
             self.model.lm_head.weight.requires_grad_(False)
             self.model.norm.weight.requires_grad_(False)
@@ -253,7 +255,14 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate_heldout(self) -> dict[str, Any]:
-        """Per-step accuracy and simulated acceptance on the held-out samples (this rank's share)."""
+        """Per-step accuracy and simulated acceptance on the held-out samples, in eval mode (no dropout)."""
+        self.model.eval()
+        try:
+            return self._evaluate_heldout()
+        finally:
+            self.model.train()
+
+    def _evaluate_heldout(self) -> dict[str, Any]:
         cfg = self.cfg
         stats = torch.zeros(3, cfg.ttt_steps, device=self.device)
         rounds = RoundCounts(cfg.ttt_steps)

@@ -1,5 +1,6 @@
 """Exact resume: a run killed (SIGKILL) and stopped (SIGTERM) midway, then resumed, follows the same
-loss curve as an uninterrupted run; SIGTERM leaves a checkpoint and exits 0."""
+loss curve as an uninterrupted run (with dropout on, so its random masks resume too); SIGTERM leaves a
+checkpoint and exits 0."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     write_vocab(samples, root / "vocab", 97, 64)
     return {"features": str(features), "vocab": str(root / "vocab"), "model": str(model), "ttt_steps": "3",
             "max_batch_tokens": "96", "epochs": "40", "checkpoint_every_steps": "3", "progress": "false",
-            "lr": "3e-3", "warmup_steps": "5"}  # fmt: skip
+            "lr": "3e-3", "warmup_steps": "5", "dropout": "0.1"}  # fmt: skip  # dropout: its masks resume too
 
 
 def _losses(run: Path) -> list[tuple[int, float]]:
