@@ -192,15 +192,18 @@ class EagleDraft(nn.Module):
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Attention output [T, nh*d] + residual [T, H] -> prenorm layer output [T, H]."""
-        mid, drop = self.midlayer, self.resid_dropout
-        if not (self.training and drop.p > 0):  # eval, speculation and p = 0: no dropout op at all
-            h = mid.self_attn.o_proj(attn_out) + residual  # [T, H]
-            return h + mid.mlp(mid.post_attention_layernorm(h))  # type: ignore[no-any-return]
+        mid = self.midlayer
+        # eval, speculation and p = 0: no dropout op at all (the same computation as without the key)
+        drop = self.resid_dropout if self.training and self.resid_dropout.p > 0 else _unchanged
         h = drop(mid.self_attn.o_proj(attn_out)) + residual  # [T, H]
-        return h + drop(mid.mlp(mid.post_attention_layernorm(h)))  # type: ignore[no-any-return]
+        return h + drop(mid.mlp(mid.post_attention_layernorm(h)))
 
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(prenorm))  # type: ignore[no-any-return]  # [T, Vd]
+
+
+def _unchanged(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -156,3 +156,13 @@ def write_features_mix(
     writer.close()
     backend.close()
     return len(extra), n_tokens
+
+
+def training_files(root: Path, n_samples: int, seed: int, hidden_size: int = 32) -> dict[str, str]:
+    """A tiny verifier, random samples' features and a 64-id draft vocab under ``root``: the paths a
+    TrainConfig needs (``features``, ``vocab``, ``model``)."""
+    model = tiny_llama_dir(root / "model", hidden_size=hidden_size)
+    samples = random_samples(n_samples, 97, seed=seed)
+    features = write_features(samples, root / "features", model)
+    write_vocab(samples, root / "vocab", 97, 64)
+    return {"features": str(features), "vocab": str(root / "vocab"), "model": str(model)}

@@ -13,20 +13,16 @@ import torch
 from eagle3.draft_trainer.config import load_config
 from eagle3.draft_trainer.errors import ConfigError
 from eagle3.draft_trainer.train import Trainer
-from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features, write_vocab
+from tests.trainer_helpers import training_files
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("dropout")
-    model = tiny_llama_dir(root / "model", hidden_size=32)
-    samples = random_samples(24, 97, seed=4)
-    features = write_features(samples, root / "features", model)
-    write_vocab(samples, root / "vocab", 97, 64)
-    return {"features": str(features), "vocab": str(root / "vocab"), "model": str(model), "ttt_steps": 3,
-            "max_batch_tokens": 96, "epochs": 2, "lr": 1e-2, "warmup_steps": 1, "progress": False}  # fmt: skip
+    files = training_files(tmp_path_factory.mktemp("dropout"), 24, seed=4)
+    return {**files, "ttt_steps": 3, "max_batch_tokens": 96, "epochs": 2, "lr": 1e-2, "warmup_steps": 1,
+            "progress": False}  # fmt: skip
 
 
 def _trainer(settings: dict[str, object], out: Path, dropout: float) -> Trainer:

@@ -22,7 +22,7 @@ from eagle3.draft_trainer.config import load_config
 from eagle3.draft_trainer.errors import ConfigError
 from eagle3.draft_trainer.trackers import RUN_ID_FILE
 from eagle3.draft_trainer.train import METRICS_FILE, train
-from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features, write_vocab
+from tests.trainer_helpers import training_files
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -30,12 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("resume")
-    model = tiny_llama_dir(root / "model", hidden_size=32)
-    samples = random_samples(48, 97, seed=2)
-    features = write_features(samples, root / "features", model)
-    write_vocab(samples, root / "vocab", 97, 64)
-    return {"features": str(features), "vocab": str(root / "vocab"), "model": str(model), "ttt_steps": "3",
+    files = training_files(tmp_path_factory.mktemp("resume"), 48, seed=2)
+    return {**files, "ttt_steps": "3",
             "max_batch_tokens": "96", "epochs": "40", "checkpoint_every_steps": "3", "progress": "false",
             "lr": "3e-3", "warmup_steps": "5", "dropout": "0.1"}  # fmt: skip  # dropout: its masks resume too
 
