@@ -11,7 +11,8 @@ Stages (each skips what is already on disk):
 * mix: WORK/features-mix = the distilled features + the original chatterbot answers to the distilled
   training-split prompts (``tests.trainer_helpers.write_features_mix``);
 * self-instruct: ``--self-instruct N`` user prompts sampled from the verifier (Magpie-style,
-  ``eagle3.draft_trainer.self_instruct``; none equal to a chatterbot prompt, so both eval sets stay unseen) ->
+  ``eagle3.client.self_instruct`` through a local ``eagle3 serve``; none equal to a chatterbot prompt,
+  so both eval sets stay unseen) ->
   WORK/si-prompts, their greedy answers -> WORK/si-distilled, and WORK/features-si = WORK/features-all
   (the 640 distilled chatterbot samples) + the new samples' features;
 * train: ``train(load_config(None, overrides))`` into ``--run`` (default WORK/run) on ``--features``;
@@ -92,17 +93,24 @@ def chatterbot_user_texts(prepared: Path, model_dir: Path) -> set[str]:
     return texts
 
 
-def stage_self_instruct(work: Path, n_prompts: int, seed: int, threads: int) -> None:
+def stage_self_instruct(work: Path, n_prompts: int, seed: int) -> None:
+    from eagle3.client.prepare import load_tokenizer
+    from eagle3.client.sdk import ExtractionClient
+    from eagle3.client.self_instruct import SelfInstructConfig, sample_prompts, write_prompt_dir
     from eagle3.core.protocol.prepared import iter_prepared, read_meta
-    from eagle3.draft_trainer.self_instruct import SelfInstructConfig, sample_prompts, write_prompt_dir
+    from eagle3.local_server import LocalServer
 
     model_dir = resolve_model_dir("smollm2")
     prompts_dir, distilled, features = work / "si-prompts", work / "si-distilled", work / "features-si"
     if not (prompts_dir / "samples.jsonl").is_file():
         started = time.monotonic()
+        tokenizer = load_tokenizer(model_dir)
         exclude = chatterbot_user_texts(work / "prepared", model_dir)
-        texts = sample_prompts(model_dir, SelfInstructConfig(n_prompts=n_prompts, seed=seed, threads=threads), exclude)
-        write_prompt_dir(texts, prompts_dir, model_dir, read_meta(work / "prepared"))
+        server_args = ["--model", str(model_dir), "--dtype", "float32"]
+        with LocalServer(server_args, work / "si-server.log") as server, ExtractionClient(server.url) as client:
+            server.wait_ready(timeout_s=1800)
+            texts = sample_prompts(client, tokenizer, SelfInstructConfig(n_prompts=n_prompts, seed=seed), exclude)
+        write_prompt_dir(texts, prompts_dir, tokenizer, read_meta(work / "prepared"))
         print(f"self-instruct: {len(texts)} prompts in {time.monotonic() - started:.0f} s", flush=True)
     if not (distilled / "samples.jsonl").is_file():
         started = time.monotonic()
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument("--self-instruct", type=int, default=1500, metavar="N", help="prompts to sample")
     parser.add_argument("--seed", type=int, default=0, help="self-instruct sampling seed")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the self-instruct stage")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the self-instruct answers")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     work: Path = args.work
@@ -154,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_mix(work)
     if args.stage == "self-instruct":
         torch_threads(args.threads)
-        stage_self_instruct(work, args.self_instruct, args.seed, args.threads)
+        stage_self_instruct(work, args.self_instruct, args.seed)
     if args.stage in ("train", "all"):
         from eagle3.draft_trainer.train import train
 

@@ -2,7 +2,8 @@
 
 Invariants:
 
-* The held-out split is a pure function of the sample ids and ``heldout_fraction`` (a hash), so it is
+* The held-out split is a pure function of the sample ids and ``heldout_fraction`` (a hash,
+  ``core.protocol.prepared.is_heldout``), so it is
   the same on every rank, on resume, and for ``eagle3 eval``. Extra replies to one prompt (ids
   ``<base>~s<k>``, ``eagle3 distill --sampled-replies``) hash as ``<base>``: all on the training side,
   or, for a held-out prompt, none trained on and none scored (the held-out split keeps the one reply
@@ -16,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,15 +25,9 @@ import torch
 
 from eagle3.core.codec import bf16_to_float32
 from eagle3.core.features_reader import FeaturesReader
-from eagle3.core.protocol.prepared import variant_of
+from eagle3.core.protocol.prepared import is_heldout, variant_of
 from eagle3.draft_trainer.errors import DataError
 from eagle3.draft_trainer.ttt import PackedBatch
-
-
-def is_heldout(sample_id: str, heldout_fraction: float) -> bool:
-    """Whether the sample's prompt is held out: a hash of its id, of ``<base>`` for an extra reply."""
-    digest = hashlib.sha256(variant_of(sample_id)[0].encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction
 
 
 @dataclass(frozen=True)

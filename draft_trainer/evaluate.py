@@ -19,8 +19,8 @@ import torch
 
 from eagle3.core.features_reader import FeaturesReader
 from eagle3.core.progress import ProgressBar
-from eagle3.core.protocol.prepared import iter_prepared
-from eagle3.draft_trainer.data import FeaturesData, is_heldout
+from eagle3.core.protocol.prepared import is_heldout, iter_prepared
+from eagle3.draft_trainer.data import FeaturesData
 from eagle3.draft_trainer.errors import CheckpointError, DataError
 from eagle3.draft_trainer.export import read_export
 from eagle3.draft_trainer.model import DraftConfig, EagleDraft

@@ -24,6 +24,7 @@ from eagle3.client.errors import Eagle3Error
 from eagle3.client.extract_cli import add_extract_command
 from eagle3.client.prepare import PrepareError
 from eagle3.client.prepare_workers import WorkerError
+from eagle3.client.self_instruct_cli import add_self_instruct_command
 from eagle3.core.cli_args import MissingModelError
 from eagle3.core.conversations import SourceError
 from eagle3.core.masking import TemplateError
@@ -81,6 +82,7 @@ def build_parser() -> ArgumentParser:
     add_prepare_command(sub)
     add_vocab_command(sub)
     add_distill_command(sub)
+    add_self_instruct_command(sub)
     add_extract_command(sub)
     add_trainer_commands(sub)
     add_demo_command(sub)

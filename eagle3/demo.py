@@ -4,8 +4,10 @@ Steps: prepare (builtin:chatterbot with the verifier's chat template); a residen
 subprocess, started once and used for both of the steps that need the verifier: distill (the
 verifier's own greedy replies to the first ``--samples`` prompts through ``POST /v1/generate``,
 ``eagle3.client.distill``: a draft learns what the verifier will say, not what the corpus said; with
-``--sampled-replies N`` also N replies sampled at T 0.8 per prompt, more of the verifier's text) and,
-after vocab, ``extract_dataset`` through HTTP to a features directory (the path every user takes:
+``--sampled-replies N`` also N replies sampled at T 0.8 per prompt, more of the verifier's text;
+with ``--self-instruct N`` also N new user prompts written by the verifier, steered by the first words
+of the training-split prompts, and its greedy replies to them: ``add_self_instruct``) and, after vocab,
+``extract_dataset`` through HTTP to a features directory (the path every user takes:
 nothing here loads the verifier in-process for distillation or features, so the pipeline loads it
 once); train; export (vLLM's flat EAGLE-3 format); eval: real speculative decoding with the
 verifier on the prompts of the held-out split (the training distribution, never trained on), printing
@@ -23,12 +25,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3.client.distill import DistillConfig, distill_dataset
+from eagle3.client.distill import ID_SUFFIX, DistillConfig, distill_dataset
 from eagle3.client.extract import ExtractConfig, extract_dataset
-from eagle3.client.prepare import PrepareConfig, prepare_dataset
+from eagle3.client.prepare import PrepareConfig, load_tokenizer, prepare_dataset
+from eagle3.client.sdk import ExtractionClient
+from eagle3.client.self_instruct import (
+    SelfInstructConfig,
+    openers_and_turns,
+    sample_prompts,
+    trains_as,
+    write_prompt_dir,
+)
 from eagle3.core.cli_args import add_model_argument, non_negative_int, positive_int
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
+from eagle3.core.protocol.prepared import concat_prepared, read_meta
 from eagle3.draft_trainer.cli import format_vocab_stats
 from eagle3.draft_trainer.vocab import make_vocab
 from eagle3.local_server import LocalServer
@@ -41,10 +52,11 @@ N_STEPS = 8
 DEMO_SERVER_DTYPE = "float32"
 DISTILL_NEW_TOKENS = 48  # per reply
 DISTILL_PROMPTS_PER_REQUEST = 64  # one generate request: the verifier decodes 64 prompts as one batch
+SELF_INSTRUCT_MAX_TOKENS = 24  # a self-instruct user turn: chatterbot's are ~8 tokens, unsteered ones ~24
 # Dense TTT attention: the same math as blockwise (equal within 1e-5, tests/unit/test_ttt_attention.py) and
 # faster at 512-token micro-batches, whose [heads, 512, 512] scores are small (docs/training.md, "Speed on
-# this CPU"). fp32: bf16 autocast is 1.2x faster here, but its one measured demo-full run (18 epochs) did not
-# beat the fp32 10-epoch draft, so the documented figures stay fp32.
+# this CPU"). Training is fp32 unless --bf16 (autocast, 1.2x faster here; make demo-full sets it: at 18
+# epochs bf16 and fp32 drafts scored alike, docs/training.md).
 DEMO_HELDOUT_FRACTION = 0.05  # the trainer's hash split, which eval's prompts come from
 DEMO_TRAIN: dict[str, object] = {"ttt_steps": 4, "max_batch_tokens": 512, "lr": 2e-3, "torch_threads": 2,
                                  "heldout_fraction": DEMO_HELDOUT_FRACTION, "attention": "dense"}  # fmt: skip
@@ -85,12 +97,46 @@ def add_demo_command(sub: Any) -> None:
     p.add_argument("--sampled-replies", type=non_negative_int, default=0, metavar="N",
                    help="besides each prompt's greedy reply, N more sampled at T 0.8 and trained on (eagle3 distill "
                    "--sampled-replies; default 0; make demo-full uses 3)")  # fmt: skip
+    p.add_argument(
+        "--self-instruct",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="also N user prompts written by the verifier (steered by the first words of the training "
+        "prompts; none equal to a dataset prompt, none held out) and its greedy replies (default 0)",
+    )
+    p.add_argument("--bf16", action="store_true", help="train under bf16 autocast (1.2x faster on this CPU)")
     p.add_argument("--draft-vocab-size", type=positive_int, default=8192, help="K (default 8192)")
     p.add_argument("-k", type=positive_int, default=4, help="draft tokens per round in eval (default 4)")
     p.add_argument("--eval-prompts", type=positive_int, default=40,
                    help="held-out-split prompts in eval (default 40: all of them at 640 samples)")  # fmt: skip
     p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="hf", help="the server's backend (default hf)")
     p.set_defaults(func=run_demo)
+
+
+def add_self_instruct(out: Path, distilled: Path, server_url: str, model_dir: Path, n_prompts: int) -> Path:
+    """``n_prompts`` self-instruct prompts and the verifier's greedy replies, with ``distilled`` in
+    ``out/train-data``. Steered by ``openers_and_turns``, so no new prompt equals an eval prompt; ids the
+    held-out hash would take are skipped (``trains_as``), so every new sample trains and the held-out split
+    (offline and online eval) stays the dataset's own."""
+    tokenizer = load_tokenizer(model_dir)
+    openers, dataset_turns = openers_and_turns(tokenizer, distilled, DEMO_HELDOUT_FRACTION)
+    started = time.monotonic()
+    config = SelfInstructConfig(n_prompts=n_prompts, max_tokens=SELF_INSTRUCT_MAX_TOKENS)
+    with ExtractionClient(server_url) as client:
+        texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=openers)
+    si_prompts, si_distilled = out / "self-instruct", out / "self-instruct-distilled"
+    trains = trains_as(ID_SUFFIX, DEMO_HELDOUT_FRACTION)
+    write_prompt_dir(texts, si_prompts, tokenizer, read_meta(distilled), id_ok=trains)
+    print(f"  self-instruct: {len(texts)} prompts written by the verifier ({len(set(openers))} openers) in "
+          f"{time.monotonic() - started:.0f} s -> {si_prompts}")  # fmt: skip
+    greedy = DistillConfig(max_samples=n_prompts, max_new_tokens=DISTILL_NEW_TOKENS,
+                           prompts_per_request=DISTILL_PROMPTS_PER_REQUEST)  # fmt: skip
+    print(distill_dataset(si_prompts, si_distilled, server_url, config=greedy).format_text())
+    train_data = out / "train-data"
+    n_samples = concat_prepared([distilled, si_distilled], train_data)
+    print(f"  {n_samples} samples to train on: {distilled} + {si_distilled} -> {train_data}")
+    return train_data
 
 
 def step(n: int, text: str) -> None:
@@ -127,14 +173,17 @@ def run_demo(args: argparse.Namespace) -> int:
                                 prompts_per_request=DISTILL_PROMPTS_PER_REQUEST,
                                 sampled_replies=args.sampled_replies)  # fmt: skip
         print(distill_dataset(prepared, distilled, server.url, config=distill).format_text())
+        train_data = distilled
+        if args.self_instruct:
+            train_data = add_self_instruct(out, distilled, server.url, model_dir, args.self_instruct)
         step(4, f"vocab -> {vocab_dir}")
-        print(format_vocab_stats(make_vocab(distilled, vocab_dir, args.draft_vocab_size)))
-        step(5, f"extract {distilled} -> {features} over HTTP from the same server")
-        print(extract_dataset(distilled, features, server.url, config=ExtractConfig(progress=None)).format_text())
+        print(format_vocab_stats(make_vocab(train_data, vocab_dir, args.draft_vocab_size)))
+        step(5, f"extract {train_data} -> {features} over HTTP from the same server")
+        print(extract_dataset(train_data, features, server.url, config=ExtractConfig(progress=None)).format_text())
     run_dir = out / "run"
     step(6, f"train -> {run_dir}")
     overrides = {"features": str(features), "vocab": str(vocab_dir), "model": args.model, "out": str(run_dir),
-                 "epochs": args.epochs, **DEMO_TRAIN}  # fmt: skip
+                 "epochs": args.epochs, "autocast_bf16": args.bf16, **DEMO_TRAIN}  # fmt: skip
     result = train(load_config(None, overrides))
     accs = "  ".join(f"{100 * a:.1f}%" for a in result.heldout.get("heldout_acc", []))
     print(

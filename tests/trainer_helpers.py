@@ -128,7 +128,7 @@ def write_features_mix(
     import random
 
     from eagle3.core.features_reader import FeaturesReader
-    from eagle3.draft_trainer.data import is_heldout
+    from eagle3.core.protocol.prepared import is_heldout
 
     src = FeaturesReader(distilled_features)
     train_prompts: set[tuple[int, ...]] = set()

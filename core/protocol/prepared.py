@@ -20,9 +20,12 @@ Invariants (checked by ``PreparedSample.__post_init__`` and ``iter_prepared``):
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,13 @@ def variant_id(base: str, k: int) -> str:
     if k < 1:
         raise ValueError(f"variant numbers start at 1, got {k}")
     return f"{base}{VARIANT_MARK}{k}"
+
+
+def is_heldout(sample_id: str, heldout_fraction: float) -> bool:
+    """Whether the sample's prompt is held out: a hash of its id, of ``<base>`` for an extra reply. The
+    one split rule of training, eval and self-instruct (draft_trainer/data.py states its invariants)."""
+    digest = hashlib.sha256(variant_of(sample_id)[0].encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction
 
 
 def variant_of(sample_id: str) -> tuple[str, int]:
@@ -172,3 +182,51 @@ def iter_prepared(prepared_dir: str | Path, *, vocab_size: int | None = None) ->
                     f"{path}:{line_no}: token id {bad} is outside the vocabulary [0, {vocab_size})"
                 )
             yield sample
+
+
+def write_prepared(out_dir: str | Path, samples: Iterable[PreparedSample], meta: PreparedMeta,
+                   stats: dict[str, Any]) -> int:  # fmt: skip
+    """Write a prepared directory from ``samples``; returns how many. Crash-safe in this order: the
+    samples go to ``samples.jsonl.partial`` (fsynced), then ``meta.json`` (``max_length`` set to the
+    longest sample) and ``stats.json``, and only then is the partial file renamed. An older
+    ``samples.jsonl`` is removed first, so a reader never sees samples with another run's meta. A repeated
+    id raises ``PreparedFormatError`` naming it (and the partial file is removed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SAMPLES_FILE).unlink(missing_ok=True)
+    partial, seen, longest = out / (SAMPLES_FILE + ".partial"), set(), 0
+    try:
+        with open(partial, "w", encoding="utf-8") as fh:
+            for sample in samples:
+                if sample.sample_id in seen:
+                    raise PreparedFormatError(f"{out}: sample id {sample.sample_id!r} appears twice")
+                seen.add(sample.sample_id)
+                longest = max(longest, sample.n_tokens)
+                fh.write(sample.to_json() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    (out / META_FILE).write_text(dataclasses.replace(meta, max_length=max(longest, 1)).to_json())
+    (out / STATS_FILE).write_text(json.dumps({"samples_kept": len(seen), **stats}, indent=2) + "\n")
+    os.replace(partial, out / SAMPLES_FILE)
+    return len(seen)
+
+
+def concat_prepared(sources: list[str | Path], out_dir: str | Path) -> int:
+    """One prepared directory holding every sample of ``sources`` in order (e.g. distilled chat replies
+    plus self-instruct replies, to extract and train on together). The sources must share the tokenizer,
+    chat template and vocabulary (else ``PreparedFormatError`` naming the two directories) and their ids
+    must not collide."""
+    metas = [read_meta(src) for src in sources]
+    for src, meta in zip(sources[1:], metas[1:], strict=True):
+        key, first = (meta.tokenizer_sha256, meta.chat_template_sha256, meta.vocab_size), metas[0]
+        if key != (first.tokenizer_sha256, first.chat_template_sha256, first.vocab_size):
+            raise PreparedFormatError(
+                f"{src} was prepared with another tokenizer, chat template or vocabulary than {sources[0]} "
+                f"({meta.model} against {first.model}): prepare both with the same --model"
+            )
+    merged = dataclasses.replace(metas[0], inputs=[i for m in metas for i in m.inputs])
+    samples = (sample for src in sources for sample in iter_prepared(src))
+    return write_prepared(out_dir, samples, merged, {"source": [str(s) for s in sources]})

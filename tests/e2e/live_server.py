@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,12 @@ def wait_gone(processes: list[tuple[int, str]], timeout_s: float) -> list[tuple[
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+@contextmanager
+def smollm2_generate_server(root: Path, smollm2_dir: Path) -> Iterator[LiveServer]:
+    """A ready fp32 SmolLM2 server for the ``POST /v1/generate`` tests (distill, self-instruct), log in ``root``."""
+    args = ["--model", str(smollm2_dir), "--dtype", "float32", "--max-batch-tokens", "512"]
+    with LiveServer(args, root / "server.log") as live:
+        live.wait_ready(timeout_s=300)
+        yield live

@@ -31,7 +31,7 @@ from eagle3.client.errors import IncompatibleError
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.core.protocol.prepared import SAMPLES_FILE, iter_prepared, read_meta
 from tests.conftest import write_jsonl
-from tests.e2e.live_server import REPO_ROOT, LiveServer
+from tests.e2e.live_server import REPO_ROOT, LiveServer, smollm2_generate_server
 
 pytestmark = pytest.mark.integration
 QUESTIONS = ["What is the capital of France?", "Tell me a joke.", "hi", "Name three colours.", "What is 2+2?",
@@ -55,9 +55,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Pat
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[LiveServer]:
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with LiveServer(["--model", str(smollm2_dir), "--dtype", "float32", "--max-batch-tokens", "512"], log) as live:
-        live.wait_ready(timeout_s=300)
+    with smollm2_generate_server(tmp_path_factory.mktemp("server"), smollm2_dir) as live:
         yield live
 
 

@@ -94,7 +94,7 @@ def test_speculative_output_equals_transformers_generate(trained: dict[str, Path
 
 def test_heldout_split_prompts_come_from_the_features_but_not_from_training(trained: dict[str, Path]) -> None:
     from eagle3.core.features_reader import FeaturesReader
-    from eagle3.draft_trainer.data import is_heldout
+    from eagle3.core.protocol.prepared import is_heldout
     from eagle3.draft_trainer.errors import DataError
 
     fraction = 0.3

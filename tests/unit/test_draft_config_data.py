@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from eagle3.cli import main
-from eagle3.core.protocol.prepared import variant_id, variant_of
+from eagle3.core.protocol.prepared import is_heldout, variant_id, variant_of
 from eagle3.draft_trainer.config import TrainConfig, load_config, parse_overrides
-from eagle3.draft_trainer.data import FeaturesData, is_heldout
+from eagle3.draft_trainer.data import FeaturesData
 from eagle3.draft_trainer.errors import ConfigError, DataError
 from tests.trainer_helpers import random_samples, tiny_llama_dir, write_features
 

@@ -69,3 +69,32 @@ def test_schema_version_mismatch(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(PreparedFormatError, match="schema_version 99; this eagle3 reads 1"):
         read_meta(tmp_path)
+
+
+def test_write_prepared_and_concat(tmp_path):
+    from eagle3.core.protocol.prepared import concat_prepared, write_prepared
+
+    first = [PreparedSample("a", [1, 2, 3], [0, 1, 1]), PreparedSample("b", [4, 5], [0, 1])]
+    assert write_prepared(tmp_path / "one", first, META, {"source": "test"}) == 2
+    assert list(iter_prepared(tmp_path / "one")) == first
+    assert read_meta(tmp_path / "one").max_length == 3  # the longest sample, whatever META said
+    assert json.loads((tmp_path / "one" / "stats.json").read_text()) == {"samples_kept": 2, "source": "test"}
+    second = [PreparedSample("c", [6, 7, 8, 9], [0, 0, 1, 1])]
+    write_prepared(tmp_path / "two", second, META, {})
+    assert concat_prepared([tmp_path / "one", tmp_path / "two"], tmp_path / "both") == 3
+    assert list(iter_prepared(tmp_path / "both")) == first + second
+    assert read_meta(tmp_path / "both").max_length == 4
+    assert read_meta(tmp_path / "both").inputs == ["in.jsonl", "in.jsonl"]
+
+
+def test_write_prepared_refuses_a_repeated_id_and_leaves_no_file(tmp_path):
+    from eagle3.core.protocol.prepared import concat_prepared, write_prepared
+
+    sample = PreparedSample("a", [1, 2], [0, 1])
+    with pytest.raises(PreparedFormatError, match="'a' appears twice"):
+        write_prepared(tmp_path / "dup", [sample, sample], META, {})
+    assert sorted(p.name for p in (tmp_path / "dup").iterdir()) == []  # no samples, partial, meta or stats
+    write_prepared(tmp_path / "one", [sample], META, {})
+    with pytest.raises(PreparedFormatError, match="appears twice"):
+        concat_prepared([tmp_path / "one", tmp_path / "one"], tmp_path / "both")
+    assert not (tmp_path / "both" / "samples.jsonl").exists()

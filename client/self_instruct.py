@@ -1,0 +1,195 @@
+"""Self-instruct over HTTP: user prompts sampled from the resident verifier (Magpie-style), steered by
+opening words, stored as a prepared directory for ``eagle3 distill``.
+
+    texts = sample_prompts(client, tokenizer, SelfInstructConfig(n_prompts=800), exclude=eval_turns,
+                           openers=first_words_of_training_prompts)
+    write_prompt_dir(texts, "si-prompts", tokenizer, read_meta("prepared"))
+
+The verifier gets the chat template's user-turn prefix (the default system turn, then
+``<|im_start|>user\\n``) and writes the user's turn, sampled (temperature, top-p, seeded per request)
+through ``POST /v1/generate`` until ``<|im_end|>``: the verifier is loaded once, by the server, as for
+distill and extract. Kept prompts are complete (the turn ended within ``max_tokens``),
+``min_tokens..max_tokens`` content tokens long, not degenerate (at least half their tokens distinct,
+some letters) and distinct after normalisation (case, punctuation, whitespace) from each other and from
+``exclude`` (e.g. every evaluation prompt).
+
+Steering (``openers``): unsteered, a small verifier writes long, formulaic turns ("Can..." and "I'm..."
+started 65 % of SmolLM2's, docs/training.md). Given opening words (e.g. the first word of every training
+prompt of a dataset, so frequent openers come up often), each sequence starts with one drawn at random
+(seeded) and the verifier writes the rest: the prompts follow the dataset's mix of question types
+(trivia "Which...", chat "Do you...", code "can you write...") in the verifier's own words.
+
+Invariants (tests/integration/test_self_instruct.py): the same server, config, openers and exclusions
+give the same prompts; every steered prompt starts with one of the openers; a prompt's stored ids are the
+chat template's rendering with the generation prompt (what ``eagle3 prepare`` produces for that turn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eagle3.core.protocol.prepared import (
+    PreparedMeta,
+    PreparedSample,
+    is_heldout,
+    iter_prepared,
+    variant_of,
+    write_prepared,
+)
+
+if TYPE_CHECKING:
+    from eagle3.client.sdk import ExtractionClient
+
+IM_END = "<|im_end|>"
+SEED_STRIDE = 100_003  # request r of seed s samples with seed s * SEED_STRIDE + r
+
+
+@dataclass(frozen=True)
+class SelfInstructConfig:
+    n_prompts: int = 64
+    prompts_per_request: int = 64  # sequences sampled per generate request
+    max_requests: int = 0  # 0: up to 4 * n_prompts / prompts_per_request + 1
+    temperature: float = 1.0
+    top_p: float = 0.95
+    min_tokens: int = 4  # content tokens of a kept prompt (the opener included, the end token not)
+    max_tokens: int = 40
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_prompts < 1 or self.prompts_per_request < 1 or self.max_requests < 0:
+            raise ValueError("n_prompts and prompts_per_request must be >= 1 and max_requests >= 0")
+        if not 1 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {self.min_tokens} and {self.max_tokens}")
+        if not (self.temperature > 0 and 0 < self.top_p <= 1):
+            raise ValueError("self-instruct samples: temperature must be > 0 and top_p in (0, 1]")
+
+
+def normalize(text: str) -> str:
+    """The dedupe key: lower case, letters and digits only, single spaces."""
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split())
+
+
+def is_acceptable(content_ids: list[int], text: str, min_tokens: int, max_tokens: int) -> bool:
+    """Length in range, >= half the tokens distinct (no degenerate repeats), and some letters."""
+    n_tokens = len(content_ids)
+    if not min_tokens <= n_tokens <= max_tokens:
+        return False
+    return 2 * len(set(content_ids)) >= n_tokens and re.search(r"[A-Za-z]{2}", text) is not None
+
+
+def user_prefix_text(tokenizer: Any) -> str:
+    """The template's rendering up to the start of the first user message's content."""
+    marker = "\x00USER\x00"
+    text = str(tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False))
+    return text[: text.index(marker)]
+
+
+def user_turns(tokenizer: Any, prompt_ids: Sequence[int]) -> list[str]:
+    """The user turns of a rendered ChatML prompt, in order (the texts ``sample_prompts`` excludes or
+    takes openers from)."""
+    text = str(tokenizer.decode(list(prompt_ids)))
+    return [t.strip() for t in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", text, re.S)]
+
+
+def openers_and_turns(tokenizer: Any, prepared_dir: str | Path,
+                      heldout_fraction: float) -> tuple[list[str], list[str]]:  # fmt: skip
+    """Openers (the first word of each training-split prompt's last user turn, one per prompt, so frequent
+    ones weigh: held-out prompts lend nothing) and every user turn of the dataset, held out or not (what
+    ``sample_prompts`` must exclude so no new prompt equals an eval prompt). Extra replies are skipped."""
+    openers: list[str] = []
+    dataset_turns: list[str] = []
+    for sample in iter_prepared(prepared_dir):
+        if variant_of(sample.sample_id)[1]:
+            continue  # a sampled reply repeats its prompt
+        turns = user_turns(tokenizer, sample.input_ids[: sample.loss_mask.index(1)])
+        dataset_turns += turns
+        if turns and turns[-1].split() and not is_heldout(sample.sample_id, heldout_fraction):
+            openers.append(turns[-1].split()[0])
+    return openers, dataset_turns
+
+
+def trains_as(id_suffix: str, heldout_fraction: float) -> Callable[[str], bool]:
+    """``write_prompt_dir``'s ``id_ok`` keeping only ids whose answers (``<id><id_suffix>``, e.g.
+    ``-distill``) the held-out split of ``heldout_fraction`` trains on."""
+    return lambda sample_id: not is_heldout(sample_id + id_suffix, heldout_fraction)
+
+
+def render_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Prompt ids of one user turn with the generation prompt (as ``eagle3 prepare`` tokenizes)."""
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)  # fmt: skip
+    return list(tokenizer(str(rendered), add_special_tokens=False)["input_ids"])
+
+
+def sample_prompts(client: ExtractionClient, tokenizer: Any, config: SelfInstructConfig,
+                   exclude: Iterable[str] = (), openers: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    """Up to ``config.n_prompts`` distinct user prompts written by the verifier ``client`` serves.
+
+    With ``openers``, each sequence's turn starts with one of them (drawn uniformly: repeats weigh).
+    ``tokenizer`` is the verifier's (the server's ``tokenizer_sha256``)."""
+    cfg = config
+    end_id = int(tokenizer.convert_tokens_to_ids(IM_END))
+    prefix = list(tokenizer(user_prefix_text(tokenizer), add_special_tokens=False)["input_ids"])
+    opener_ids = [list(tokenizer(o, add_special_tokens=False)["input_ids"]) for o in openers if o.strip()]
+    seen = {normalize(t) for t in exclude}
+    kept: list[str] = []
+    max_requests = cfg.max_requests or 4 * cfg.n_prompts // cfg.prompts_per_request + 1
+    for request_no in range(max_requests):
+        seed = cfg.seed * SEED_STRIDE + request_no
+        draw = random.Random(seed)  # noqa: S311 (a reproducible draw, not a secret)
+        starts = [draw.choice(opener_ids) if opener_ids else [] for _ in range(cfg.prompts_per_request)]
+        answer = client.generate([prefix + s for s in starts], max_new_tokens=cfg.max_tokens + 1,
+                                 temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
+                                 stop_token_ids=[end_id])  # fmt: skip
+        for start, reply in zip(starts, answer.replies, strict=True):
+            if reply.finish_reason != "stop":
+                continue  # ran past max_tokens: incomplete
+            content = start + list(reply.output_ids[:-1])
+            text = str(tokenizer.decode(content)).strip()
+            key = normalize(text)
+            if key and key not in seen and is_acceptable(content, text, cfg.min_tokens, cfg.max_tokens):
+                seen.add(key)
+                kept.append(text)
+        if len(kept) >= cfg.n_prompts:
+            break
+    return kept[: cfg.n_prompts]
+
+
+def diversity_stats(texts: list[str], tokenizer: Any) -> dict[str, float]:
+    """Prompt-diversity figures: count, mean content tokens, distinct-1/-2 (distinct n-grams / n-grams)."""
+    token_rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    unigrams = [tok for row in token_rows for tok in row]
+    bigrams = [tuple(row[i : i + 2]) for row in token_rows for i in range(len(row) - 1)]
+    first_words = {t.split()[0].lower() for t in texts if t.split()}
+    return {
+        "n_prompts": len(texts),
+        "mean_tokens": round(len(unigrams) / max(1, len(texts)), 2),
+        "distinct_tokens": len(set(unigrams)),
+        "distinct_1": round(len(set(unigrams)) / max(1, len(unigrams)), 4),
+        "distinct_2": round(len(set(bigrams)) / max(1, len(bigrams)), 4),
+        "distinct_first_words": len(first_words),
+    }
+
+
+def write_prompt_dir(texts: list[str], out_dir: str | Path, tokenizer: Any, meta: PreparedMeta,
+                     id_ok: Callable[[str], bool] = lambda _: True) -> Path:  # fmt: skip
+    """A prepared directory of ``texts`` with one placeholder supervised token (``<|im_end|>``) each, so
+    ``eagle3 distill`` answers them. Ids are ``si-00000``, ``si-00001``... skipping any ``id_ok`` rejects
+    (the demo skips ids its held-out hash would take, so none of these prompts is held out)."""
+    end_id = int(tokenizer.convert_tokens_to_ids(IM_END))
+    numbers = (n for n in range(10**7) if id_ok(f"si-{n:05d}"))
+
+    def samples() -> Iterable[PreparedSample]:
+        for text, number in zip(texts, numbers, strict=False):
+            prompt = render_prompt(tokenizer, text)
+            yield PreparedSample(f"si-{number:05d}", [*prompt, end_id], [0] * len(prompt) + [1], source=text)
+
+    stats = {"source": "self-instruct", **diversity_stats(texts, tokenizer)}
+    write_prepared(out_dir, samples(), dataclasses.replace(meta, inputs=["self-instruct"]), stats)
+    return Path(out_dir)
