@@ -77,26 +77,10 @@ def torch_threads(n_threads: int) -> None:
     torch.set_num_threads(n_threads)
 
 
-def chatterbot_user_texts(prepared: Path, model_dir: Path) -> set[str]:
-    """Every user turn of every prompt in ``prepared`` (to keep self-instruct prompts off them)."""
-    import re
-
-    from transformers import AutoTokenizer
-
-    from eagle3.core.protocol.prepared import iter_prepared
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    texts: set[str] = set()
-    for sample in iter_prepared(prepared):
-        rendered = str(tokenizer.decode(sample.input_ids[: sample.loss_mask.index(1)]))
-        texts.update(t.strip() for t in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", rendered, re.S))
-    return texts
-
-
 def stage_self_instruct(work: Path, n_prompts: int, seed: int) -> None:
     from eagle3.client.prepare import load_tokenizer
     from eagle3.client.sdk import ExtractionClient
-    from eagle3.client.self_instruct import SelfInstructConfig, sample_prompts, write_prompt_dir
+    from eagle3.client.self_instruct import SelfInstructConfig, openers_and_turns, sample_prompts, write_prompt_dir
     from eagle3.core.protocol.prepared import iter_prepared, read_meta
     from eagle3.local_server import LocalServer
 
@@ -105,7 +89,7 @@ def stage_self_instruct(work: Path, n_prompts: int, seed: int) -> None:
     if not (prompts_dir / "samples.jsonl").is_file():
         started = time.monotonic()
         tokenizer = load_tokenizer(model_dir)
-        exclude = chatterbot_user_texts(work / "prepared", model_dir)
+        exclude = openers_and_turns(tokenizer, work / "prepared", 0.05)[1]  # every chatterbot user turn
         server_args = ["--model", str(model_dir), "--dtype", "float32"]
         with LocalServer(server_args, work / "si-server.log") as server, ExtractionClient(server.url) as client:
             server.wait_ready(timeout_s=1800)
