@@ -14,13 +14,15 @@ verifier on the prompts of the held-out split (the training distribution, never 
 τ and the speedup, and the offline τ that training computes on the same prompts' distilled answers
 (the online round walk replayed on their features: the two must agree, docs/training.md).
 
-Every step writes under ``--out``; a rerun redoes prepare/vocab (cheap) and resumes distillation and
-extraction.
+Every step writes under ``--out``; a rerun redoes prepare/vocab (cheap) and resumes distillation,
+extraction and training. A SIGTERM during training (a job scheduler's) saves the checkpoint and ends
+the demo with status 143 before export and eval: a partial draft is never reported as the demo's.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ from eagle3.draft_trainer.vocab import make_vocab
 from eagle3.local_server import LocalServer
 
 N_STEPS = 8
+EXIT_STOPPED = 128 + signal.SIGTERM  # the status a shell gives a process ended by SIGTERM
 # Training settings measured on this project's 2-core CPU machine (docs/training.md, "measured acceptance").
 # fp32: the distilled replies are the verifier's fp32 greedy output, as eval's verifier computes it; bf16
 # decoding on a CPU without bf16 matmul units is several times slower than fp32 (extraction then runs the
@@ -185,6 +188,11 @@ def run_demo(args: argparse.Namespace) -> int:
     overrides = {"features": str(features), "vocab": str(vocab_dir), "model": args.model, "out": str(run_dir),
                  "epochs": args.epochs, "autocast_bf16": args.bf16, **DEMO_TRAIN}  # fmt: skip
     result = train(load_config(None, overrides))
+    if result.stopped_early:  # a scheduler's SIGTERM: the checkpoint is saved; a partial draft is not the demo's
+        print(f"  stopped by SIGTERM at step {result.steps}: checkpoint saved in {run_dir}; nothing exported or "
+              "evaluated. Rerun the same command to resume (prepare/vocab redone, distill and extract kept, "
+              "training resumed exactly).")  # fmt: skip
+        return EXIT_STOPPED
     accs = "  ".join(f"{100 * a:.1f}%" for a in result.heldout.get("heldout_acc", []))
     print(
         f"  {result.steps} steps in {result.train_s:.0f} s; held-out accuracy per draft step {accs}; "
