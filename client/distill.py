@@ -55,6 +55,7 @@ from eagle3.core.protocol.prepared import (
     SAMPLES_FILE,
     STATS_FILE,
     PreparedFormatError,
+    PreparedMeta,
     PreparedSample,
     iter_prepared,
     read_meta,
@@ -299,6 +300,19 @@ def _check_resume(out: Path, state: dict[str, Any]) -> None:
             )
 
 
+def check_can_generate_for(info: ServerInfo, meta: PreparedMeta, prepared: Path) -> None:
+    """``IncompatibleError`` unless the server can generate (``/v1/info`` ``can_generate``) with the
+    tokenizer and vocabulary ``prepared`` was tokenized for (distill and self-instruct ask before any request)."""
+    if not info.can_generate:
+        raise IncompatibleError(f"{info.url}: the {info.backend} backend cannot generate (/v1/info can_generate)")
+    if info.tokenizer_sha256 != meta.tokenizer_sha256 or info.vocab_size != meta.vocab_size:
+        raise IncompatibleError(
+            f"{prepared} was prepared for another tokenizer or vocabulary than {info.url} serves "
+            f"({meta.model}, vocab {meta.vocab_size}; server: {info.model_id}, vocab {info.vocab_size}); "
+            "prepare it again with the server's --model"
+        )
+
+
 def distill_dataset(
     prepared_dir: str | Path,
     out_dir: str | Path,
@@ -316,14 +330,7 @@ def distill_dataset(
     client = server if isinstance(server, ExtractionClient) else ExtractionClient(server, api_key)
     try:
         info = client.info()
-        if not info.can_generate:
-            raise IncompatibleError(f"{info.url}: the {info.backend} backend cannot generate (/v1/info can_generate)")
-        if info.tokenizer_sha256 != meta.tokenizer_sha256 or info.vocab_size != meta.vocab_size:
-            raise IncompatibleError(
-                f"{prepared} was prepared for another tokenizer or vocabulary than {info.url} serves "
-                f"({meta.model}, vocab {meta.vocab_size}; server: {info.model_id}, vocab {info.vocab_size}); "
-                "prepare it again with the server's --model"
-            )
+        check_can_generate_for(info, meta, prepared)
         state = {"prepared": str(prepared.resolve()), "server": _server_identity(info), "settings": cfg.identity()}
         if cfg.overwrite:
             for name in (SAMPLES_FILE, PARTIAL_FILE, STATE_FILE, META_FILE, STATS_FILE):

@@ -27,6 +27,7 @@ chat template's rendering with the generation prompt (what ``eagle3 prepare`` pr
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +40,7 @@ from eagle3.core.protocol.prepared import (
     PreparedSample,
     is_heldout,
     iter_prepared,
+    read_meta,
     variant_of,
     write_prepared,
 )
@@ -183,7 +185,7 @@ def write_prompt_dir(texts: list[str], out_dir: str | Path, tokenizer: Any, meta
     ``eagle3 distill`` answers them. Ids are ``si-00000``, ``si-00001``... skipping any ``id_ok`` rejects
     (the demo skips ids its held-out hash would take, so none of these prompts is held out)."""
     end_id = int(tokenizer.convert_tokens_to_ids(IM_END))
-    numbers = (n for n in range(10**7) if id_ok(f"si-{n:05d}"))
+    numbers = (n for n in itertools.count() if id_ok(f"si-{n:05d}"))
 
     def samples() -> Iterable[PreparedSample]:
         for text, number in zip(texts, numbers, strict=False):
@@ -193,3 +195,30 @@ def write_prompt_dir(texts: list[str], out_dir: str | Path, tokenizer: Any, meta
     stats = {"source": "self-instruct", **diversity_stats(texts, tokenizer)}
     write_prepared(out_dir, samples(), dataclasses.replace(meta, inputs=["self-instruct"]), stats)
     return Path(out_dir)
+
+
+@dataclass(frozen=True)
+class SelfInstructResult:
+    texts: list[str]  # the kept prompts, in id order
+    n_openers: int  # distinct openers that steered them (0: unsteered)
+
+
+def self_instruct(client: ExtractionClient, prepared_dir: str | Path, out_dir: str | Path, config: SelfInstructConfig,
+                  heldout_fraction: float, *, steer: bool = True) -> SelfInstructResult:  # fmt: skip
+    """``eagle3 self-instruct`` and ``eagle3 demo --self-instruct``: prompts for the dataset at
+    ``prepared_dir`` (the directory that is trained on: its ids decide the held-out split) written to
+    ``out_dir``. Refused before any request where the server cannot generate for its tokenizer
+    (``check_can_generate_for``); steered by the first words of its training-split prompts
+    (``openers_and_turns``), none equal to any of its prompts, and only ids whose distilled answers train
+    (``trains_as``), so the held-out split stays the dataset's own."""
+    from eagle3.client.distill import ID_SUFFIX, check_can_generate_for
+    from eagle3.client.prepare import load_tokenizer
+
+    meta = read_meta(prepared_dir)
+    check_can_generate_for(client.info(), meta, Path(prepared_dir))
+    tokenizer = load_tokenizer(Path(meta.model_dir))
+    openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction)
+    openers = openers if steer else []
+    texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=openers)
+    write_prompt_dir(texts, out_dir, tokenizer, meta, id_ok=trains_as(ID_SUFFIX, heldout_fraction))
+    return SelfInstructResult(texts, len(set(openers)))

@@ -38,6 +38,14 @@ def non_negative_float(text: str) -> float:
     return _checked_number(text, float, lambda v: v >= 0, "a number >= 0")
 
 
+def fraction_below_one(text: str) -> float:
+    return _checked_number(text, float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+
+
+def probability_mass(text: str) -> float:
+    return _checked_number(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
 MODEL_CHOICES_TEXT = (
     "a local Hugging Face checkpoint directory, an org/name already in the local Hugging Face cache "
     f"(never downloaded), or the embedded demo model's name {DEFAULT_MODEL}"

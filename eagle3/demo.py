@@ -27,21 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3.client.distill import ID_SUFFIX, DistillConfig, distill_dataset
+from eagle3.client.distill import DistillConfig, distill_dataset
 from eagle3.client.extract import ExtractConfig, extract_dataset
-from eagle3.client.prepare import PrepareConfig, load_tokenizer, prepare_dataset
+from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.client.sdk import ExtractionClient
-from eagle3.client.self_instruct import (
-    SelfInstructConfig,
-    openers_and_turns,
-    sample_prompts,
-    trains_as,
-    write_prompt_dir,
-)
+from eagle3.client.self_instruct import SelfInstructConfig, self_instruct
 from eagle3.core.cli_args import add_model_argument, non_negative_int, positive_int
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
-from eagle3.core.protocol.prepared import concat_prepared, read_meta
+from eagle3.core.protocol.prepared import concat_prepared
 from eagle3.draft_trainer.cli import format_vocab_stats
 from eagle3.draft_trainer.vocab import make_vocab
 from eagle3.local_server import LocalServer
@@ -117,21 +111,17 @@ def add_demo_command(sub: Any) -> None:
     p.set_defaults(func=run_demo)
 
 
-def add_self_instruct(out: Path, distilled: Path, server_url: str, model_dir: Path, n_prompts: int) -> Path:
+def add_self_instruct(out: Path, distilled: Path, server_url: str, n_prompts: int) -> Path:
     """``n_prompts`` self-instruct prompts and the verifier's greedy replies, with ``distilled`` in
-    ``out/train-data``. Steered by ``openers_and_turns``, so no new prompt equals an eval prompt; ids the
-    held-out hash would take are skipped (``trains_as``), so every new sample trains and the held-out split
-    (offline and online eval) stays the dataset's own."""
-    tokenizer = load_tokenizer(model_dir)
-    openers, dataset_turns = openers_and_turns(tokenizer, distilled, DEMO_HELDOUT_FRACTION)
+    ``out/train-data``. The prompts come from ``client.self_instruct.self_instruct`` (what ``eagle3
+    self-instruct`` runs): steered by the training-split prompts, none equal to an eval prompt, none held
+    out, so every new sample trains and the held-out split (offline and online eval) stays the dataset's own."""
     started = time.monotonic()
     config = SelfInstructConfig(n_prompts=n_prompts, max_tokens=SELF_INSTRUCT_MAX_TOKENS)
-    with ExtractionClient(server_url) as client:
-        texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=openers)
     si_prompts, si_distilled = out / "self-instruct", out / "self-instruct-distilled"
-    trains = trains_as(ID_SUFFIX, DEMO_HELDOUT_FRACTION)
-    write_prompt_dir(texts, si_prompts, tokenizer, read_meta(distilled), id_ok=trains)
-    print(f"  self-instruct: {len(texts)} prompts written by the verifier ({len(set(openers))} openers) in "
+    with ExtractionClient(server_url) as client:
+        result = self_instruct(client, distilled, si_prompts, config, DEMO_HELDOUT_FRACTION)
+    print(f"  self-instruct: {len(result.texts)} prompts written by the verifier ({result.n_openers} openers) in "
           f"{time.monotonic() - started:.0f} s -> {si_prompts}")  # fmt: skip
     greedy = DistillConfig(max_samples=n_prompts, max_new_tokens=DISTILL_NEW_TOKENS,
                            prompts_per_request=DISTILL_PROMPTS_PER_REQUEST)  # fmt: skip
@@ -178,7 +168,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(distill_dataset(prepared, distilled, server.url, config=distill).format_text())
         train_data = distilled
         if args.self_instruct:
-            train_data = add_self_instruct(out, distilled, server.url, model_dir, args.self_instruct)
+            train_data = add_self_instruct(out, distilled, server.url, args.self_instruct)
         step(4, f"vocab -> {vocab_dir}")
         print(format_vocab_stats(make_vocab(train_data, vocab_dir, args.draft_vocab_size)))
         step(5, f"extract {train_data} -> {features} over HTTP from the same server")

@@ -184,7 +184,7 @@ def test_demo_self_instruct_adds_training_samples_only(tmp_path: Path, server: L
     openers, dataset_turns = openers_and_turns(smollm2_tokenizer, tmp_path / "distilled", DEMO_HELDOUT_FRACTION)
     assert openers == [w for w in WORDS if w not in held_words] and dataset_turns == turns
 
-    train_data = add_self_instruct(tmp_path, tmp_path / "distilled", server.url, smollm2_dir, n_prompts=12)
+    train_data = add_self_instruct(tmp_path, tmp_path / "distilled", server.url, n_prompts=12)
     new = list(iter_prepared(tmp_path / "self-instruct-distilled"))
     assert 6 <= len(new) <= 12
     assert not any(is_heldout(s.sample_id, DEMO_HELDOUT_FRACTION) for s in new)
@@ -224,6 +224,9 @@ def test_cli_writes_steered_training_prompts(tmp_path: Path, server: LiveServer,
     missing = subprocess.run([*cmd, "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120,
                              env={k: v for k, v in os.environ.items() if k != "EAGLE3_SERVER_URL"})  # fmt: skip
     assert missing.returncode == 2 and "--server URL is required" in missing.stderr
+    bad_top_p = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "x"), "--top-p", "1.5"],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad_top_p.returncode == 2 and "argument --top-p: expected a number in (0, 1], got 1.5" in bad_top_p.stderr
     meta = json.loads((tmp_path / "prepared" / META_FILE).read_text())
     (tmp_path / "prepared" / META_FILE).write_text(json.dumps({**meta, "tokenizer_sha256": "0" * 64}))
     other = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "y")], capture_output=True,

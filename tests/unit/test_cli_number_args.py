@@ -1,4 +1,4 @@
-"""The four argparse number types of ``core/cli_args.py`` share one parse-and-check helper: each accepts
+"""The argparse number types of ``core/cli_args.py`` share one parse-and-check helper: each accepts
 exactly its range and refuses the rest with a usage error that names what it expected and what it got
 (text that is not a number quoted, a parsed value out of range as the value; ``nan`` refused)."""
 
@@ -9,7 +9,14 @@ from collections.abc import Callable
 
 import pytest
 
-from eagle3.core.cli_args import non_negative_float, non_negative_int, positive_float, positive_int
+from eagle3.core.cli_args import (
+    fraction_below_one,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability_mass,
+)
 
 
 @pytest.mark.parametrize(
@@ -23,6 +30,10 @@ from eagle3.core.cli_args import non_negative_float, non_negative_int, positive_
         (positive_float, "2", 2.0),
         (non_negative_float, "0", 0.0),
         (non_negative_float, "1e-3", 1e-3),
+        (fraction_below_one, "0", 0.0),
+        (fraction_below_one, "0.05", 0.05),
+        (probability_mass, "1", 1.0),
+        (probability_mass, "0.95", 0.95),
     ],
 )
 def test_accepts_its_range(parse: Callable[[str], float], text: str, want: float) -> None:
@@ -46,6 +57,11 @@ def test_accepts_its_range(parse: Callable[[str], float], text: str, want: float
         (non_negative_float, "-0.1", "expected a number >= 0, got -0.1"),
         (non_negative_float, "nan", "expected a number >= 0, got nan"),
         (non_negative_float, "", "expected a number >= 0, got ''"),
+        (fraction_below_one, "1", "expected a number in [0, 1), got 1.0"),
+        (fraction_below_one, "-0.01", "expected a number in [0, 1), got -0.01"),
+        (fraction_below_one, "nan", "expected a number in [0, 1), got nan"),
+        (probability_mass, "0", "expected a number in (0, 1], got 0.0"),
+        (probability_mass, "1.5", "expected a number in (0, 1], got 1.5"),
     ],
 )
 def test_refuses_the_rest_saying_what_it_expected(parse: Callable[[str], float], text: str, message: str) -> None:
