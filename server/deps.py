@@ -11,6 +11,7 @@ from fastapi import Request
 
 from eagle3.server.errors import ApiError
 from eagle3.server.runtime import Runtime
+from eagle3.server.visibility import Viewer
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
@@ -32,6 +33,21 @@ def authenticate_unless(public: str) -> Callable[[Request], str | None]:
 
     def check(request: Request) -> str | None:
         return None if getattr(runtime_of(request).settings, public) else authenticate(request)
+
+    return check
+
+
+def viewer_unless(public: str) -> Callable[[Request], Viewer]:
+    """Who is looking (``server/visibility.py``): an admin key (or a server without keys) sees all, a
+    plain key its own tenant; without an ``Authorization`` header, where the setting named ``public``
+    is on, the public view; else 401."""
+
+    def check(request: Request) -> Viewer:
+        settings = runtime_of(request).settings
+        if getattr(settings, public) and settings.api_keys and "authorization" not in request.headers:
+            return Viewer(None, sees_all=False)
+        tenant = authenticate(request)
+        return Viewer(tenant, sees_all=not settings.api_keys or tenant in settings.admin_tenant)
 
     return check
 

@@ -43,7 +43,7 @@ def frames(content: bytes) -> list[FrameType]:
 def keyed_app(tmp_path: Path) -> tuple[TestClient, dict[str, str]]:
     keys_file = tmp_path / "keys.json"
     keys_file.write_text(json.dumps({HOSTILE: "key-hostile", "ops": "key-ops"}))
-    app = create_app(settings(api_keys_file=str(keys_file)), FakeBackend(tmp_path))
+    app = create_app(settings(api_keys_file=str(keys_file), admin_tenant=("ops",)), FakeBackend(tmp_path))
     return TestClient(app), {"hostile": "Bearer key-hostile", "ops": "Bearer key-ops"}
 
 
