@@ -1,20 +1,30 @@
 """Tenants of one server learn nothing of each other (docs/reliability.md, "Isolation"): a plain key
 sees its own tenant's rows, errors and series only; an admin key sees all; ``--public-status`` shows
 every tenant with error texts and request ids redacted; ``--cache-scope tenant`` gives no tenant a hit
-on another's extraction (no counter, no latency to tell it)."""
+on another's extraction (no counter, no latency to tell it); the disk cache is 0700/0600 and MACed, so
+an entry planted with a recomputed checksum is never served."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import stat
+import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import xxhash
 from fastapi.testclient import TestClient
 
 from eagle3.server.app import create_app
+from eagle3.server.cache_disk import CacheSecretError, DiskTier
 from eagle3.server.config import SettingsError
 from eagle3.server.feature_cache import FeatureCache
+from tests.unit.test_feature_cache import HIDDEN, LAYERS, disk_cache, entry_files, stored
 from tests.unit.test_observability import frames, samples_of
 from tests.unit.test_server_app import FakeBackend, settings, wait_for
 
@@ -129,3 +139,62 @@ def test_per_tenant_keys_differ_only_per_tenant() -> None:
 def test_admin_tenants_must_be_tenants_of_the_keys(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="--admin-tenant 'root': no API key names that tenant"):
         settings(api_key=("k",), admin_tenant=("root",))
+
+
+def planted(path: Path, checksum: Callable[[bytes], bytes]) -> torch.Tensor:
+    """Edit the states of the entry at ``path`` (every value + 1) and recompute its trailing 16 bytes
+    with ``checksum``, as a local user with write access could; returns the states planted."""
+    data = bytearray(path.read_bytes())
+    (head_len,) = struct.unpack_from("<I", data, 8)
+    start = 12 + head_len
+    n = 6 * LAYERS * HIDDEN  # float32 states of the 6-token sample
+    states = np.frombuffer(bytes(data[start : start + 4 * n]), dtype="<f4") + 1
+    data[start : start + 4 * n] = states.tobytes()
+    data[-16:] = checksum(bytes(data[:-16]))
+    path.write_bytes(bytes(data))
+    return torch.from_numpy(states.copy()).view(6, LAYERS, HIDDEN)
+
+
+@pytest.mark.parametrize(
+    "checksum",
+    [xxhash.xxh3_128_digest, lambda b: hashlib.blake2b(b, digest_size=16).digest()],
+    ids=["xxh3", "blake2b-unkeyed"],
+)
+def test_a_planted_disk_entry_with_a_recomputed_checksum_is_not_served(
+    tmp_path: Path, checksum: Callable[[bytes], bytes]
+) -> None:
+    ids = [5, 9, 2, 7, 7, 1]
+    cache = disk_cache(tmp_path)
+    stored(cache, ids, torch.float32)
+    cache.close()
+    (path,) = entry_files(tmp_path)
+    forged = planted(path, checksum)
+
+    fresh = disk_cache(tmp_path, memory_bytes=1 << 20)
+    got = fresh.get(*fresh.key(ids))
+    assert got is None or not torch.equal(got, forged), "the planted states were served"
+    assert got is None and fresh.disk is not None and fresh.disk.stats.corrupt == 1 and not path.exists()
+    fresh.close()
+
+
+def test_cache_directories_are_0700_and_files_0600(tmp_path: Path) -> None:
+    old_umask = os.umask(0o022)  # the usual umask, under which plain mkdir/open give 0755/0644
+    try:
+        cache = disk_cache(tmp_path / "cache")
+        stored(cache, [1, 2, 3])
+        cache.close()
+    finally:
+        os.umask(old_umask)
+    (entry,) = entry_files(tmp_path)
+    made = [tmp_path / "cache", *(tmp_path / "cache").rglob("*")]
+    for p in made:
+        assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
+    assert entry in made and len(made) == 5  # the dir, its layout dir, the secret, a key prefix dir, the entry
+
+
+def test_a_cache_secret_others_can_read_is_refused(tmp_path: Path) -> None:
+    disk_cache(tmp_path).close()
+    (secret,) = tmp_path.rglob("secret")
+    secret.chmod(0o644)
+    with pytest.raises(CacheSecretError, match=f"chmod 600 {secret}"):
+        DiskTier(tmp_path, 1 << 20)
