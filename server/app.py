@@ -1,7 +1,8 @@
 """The FastAPI app: ``create_app(settings, backend=None)`` wires the lifespan (it owns the ``Runtime``:
 backend load in a thread, so the port answers probes at once, and stop), request ids, the one error
 envelope, OpenAPI and the two routers of ``server/routes.py``. No module-level state: two apps in one
-process share nothing. Auth (``server/deps.py``) guards every route but ``/livez`` and ``/readyz``.
+process share nothing. Auth (``server/deps.py``) guards every route but ``/livez`` and ``/readyz``
+(and what a ``--public-*`` setting opens).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def create_app(
         description="Hidden states of a resident verifier for EAGLE-3 draft training. The /v1/extract response "
         "is a binary frame stream (application/x-eagle3-frames), documented in docs/protocol.md.",
         lifespan=lifespan,
+        openapi_url=None,  # served by install_openapi, behind the key unless --public-openapi
+        docs_url=None,  # no Swagger UI: FastAPI's loads from a public CDN (server/openapi.py)
         redoc_url=None,
     )
     install_access_log_redaction()

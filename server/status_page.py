@@ -176,6 +176,6 @@ td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
 <table id="errors"><tr><th>at (UTC)</th><th>kind</th><th>tenant</th><th>request id</th><th>message</th></tr>
 {errors}</table>
 <p class="muted">Refreshes every {REFRESH_S} s.
-<a href="{metrics_path}">/metrics</a> · <a href="/v1/status">/v1/status</a> · <a href="/docs">API docs</a></p>
+<a href="{metrics_path}">/metrics</a> · <a href="/v1/status">/v1/status</a> · <a href="/openapi.json">OpenAPI</a></p>
 </body></html>
 """

@@ -198,3 +198,19 @@ def test_a_cache_secret_others_can_read_is_refused(tmp_path: Path) -> None:
     secret.chmod(0o644)
     with pytest.raises(CacheSecretError, match=f"chmod 600 {secret}"):
         DiskTier(tmp_path, 1 << 20)
+
+
+@pytest.mark.parametrize("public_openapi", [False, True])
+def test_openapi_needs_a_key_unless_public_and_no_swagger_ui_from_a_cdn(tmp_path: Path, public_openapi: bool) -> None:
+    with keyed(tmp_path, public_openapi=public_openapi) as client:
+        wait_for(client, "ready")
+        keyless = client.get("/openapi.json")
+        keyed_spec = client.get("/openapi.json", headers=auth("bob")).json()
+        docs = [client.get(path, headers=auth("bob")) for path in ("/docs", "/docs/oauth2-redirect", "/redoc")]
+        page = client.get("/", headers=auth("bob")).text
+    assert keyless.status_code == (200 if public_openapi else 401)
+    if public_openapi:
+        assert keyless.json() == keyed_spec
+    assert "/v1/extract" in keyed_spec["paths"] and "/openapi.json" not in keyed_spec["paths"]
+    assert [r.status_code for r in docs] == [404, 404, 404]
+    assert not any("cdn" in r.text for r in docs) and 'href="/docs"' not in page
