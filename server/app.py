@@ -33,6 +33,7 @@ from eagle3.server.request_limits import (
 from eagle3.server.request_log import log_api_call
 from eagle3.server.routes import api, probes
 from eagle3.server.runtime import Runtime
+from eagle3.server.tenants import AnonymousTenants
 
 logger = logging.getLogger(__name__)
 REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
@@ -96,6 +97,7 @@ def create_app(
         docs_url=None,  # no Swagger UI: FastAPI's loads from a public CDN (server/openapi.py)
         redoc_url=None,
     )
+    app.state.anonymous_tenants = AnonymousTenants(settings.max_anonymous_tenants)  # without keys: server/tenants.py
     install_access_log_redaction()
     app.add_middleware(RequestIdMiddleware)
     install_openapi(app)

@@ -2,7 +2,8 @@
 sees its own tenant's rows, errors and series only; an admin key sees all; ``--public-status`` shows
 every tenant with error texts and request ids redacted; ``--cache-scope tenant`` gives no tenant a hit
 on another's extraction (no counter, no latency to tell it); the disk cache is 0700/0600 and MACed, so
-an entry planted with a recomputed checksum is never served."""
+an entry planted with a recomputed checksum is never served; anonymous tenant names are bounded and
+names starting with ``_`` (the server's own) refused."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from fastapi.testclient import TestClient
 from eagle3.server.app import create_app
 from eagle3.server.cache_disk import CacheSecretError, DiskTier
 from eagle3.server.config import SettingsError
+from eagle3.server.errors import ApiError
 from eagle3.server.feature_cache import FeatureCache
+from eagle3.server.tenants import AnonymousTenants
 from tests.unit.test_feature_cache import HIDDEN, LAYERS, disk_cache, entry_files, stored
 from tests.unit.test_observability import frames, samples_of
 from tests.unit.test_server_app import FakeBackend, settings, wait_for
@@ -214,3 +217,56 @@ def test_openapi_needs_a_key_unless_public_and_no_swagger_ui_from_a_cdn(tmp_path
     assert "/v1/extract" in keyed_spec["paths"] and "/openapi.json" not in keyed_spec["paths"]
     assert [r.status_code for r in docs] == [404, 404, 404]
     assert not any("cdn" in r.text for r in docs) and 'href="/docs"' not in page
+
+
+def anonymous_extract(client: TestClient, tenant: str, last_id: int = 9) -> int:
+    body = {"samples": [{"id": "a", "input_ids": [7, 8, last_id]}]}
+    return client.post("/v1/extract", json=body, headers={"X-Eagle3-Tenant": tenant}).status_code
+
+
+def test_anonymous_tenants_are_bounded_least_recently_seen_idle_ones_forgotten(tmp_path: Path) -> None:
+    names = [f"t{i:03d}" for i in range(70)]  # over the default --max-anonymous-tenants 64
+    with TestClient(create_app(settings(), FakeBackend(tmp_path))) as client:
+        wait_for(client, "ready")
+        for i, name in enumerate(names):
+            assert anonymous_extract(client, name, last_id=100 + i) == 200  # no cache hits: each one computed
+            bad = {"samples": [{"id": f"secret-{name}", "input_ids": [1] * 600}]}  # an error note per tenant
+            assert client.post("/v1/extract", json=bad, headers={"X-Eagle3-Tenant": name}).status_code == 400
+        text = client.get("/metrics", headers={"X-Eagle3-Tenant": names[-1]}).text
+        status = client.get("/v1/status", headers={"X-Eagle3-Tenant": names[-1]}).json()
+    kept = set(names[-64:])
+    assert series_tenants(text) == {*kept, "_pruned"}  # the 6 forgotten ones' counts, summed
+    assert {t["tenant"] for t in status["tenants"]} == {*kept, "_pruned"}
+    assert {e["tenant"] for e in status["recent_errors"]} <= kept
+    pruned = samples_of(text)[("eagle3_requests_total", (("tenant", "_pruned"),))]
+    assert pruned == 6 and status["tokens_extracted"] == 3 * len(names)  # totals keep everyone's work
+
+
+def test_a_full_set_of_busy_anonymous_tenants_refuses_a_new_name_and_recency_counts() -> None:
+    seen = AnonymousTenants(2)
+    assert seen.admit("a", lambda t: True) == [] and seen.admit("b", lambda t: True) == []
+    with pytest.raises(ApiError) as err:
+        seen.admit("c", lambda t: True)
+    assert (err.value.status, err.value.reason) == (429, "too_many_tenants")
+    assert seen.admit("a", lambda t: True) == []  # a known name is never refused; "a" is now the most recent
+    assert seen.admit("c", lambda t: t == "a") == ["b"]
+    assert seen.admit("d", lambda t: t != "a") == ["a"]  # the least recent busy one is skipped, not forgotten
+    assert len(seen) == 2
+
+
+def test_reserved_tenant_names_are_refused_and_cannot_hide_request_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with TestClient(create_app(settings(), FakeBackend(tmp_path))) as client:
+        wait_for(client, "ready")
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="eagle3.server.requests"):
+            statuses = [anonymous_extract(client, name) for name in ("_warmup", "_x", "ok_name")]
+    assert statuses == [400, 400, 200]
+    info_lines = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert sum("POST /v1/extract 400" in line for line in info_lines) == 2, info_lines
+    assert sum("extract finished" in line and "tenant=ok_name" in line for line in info_lines) == 1, info_lines
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("alice: k1\n_warmup: k2\n")
+    with pytest.raises(SettingsError, match="'_warmup': names starting with '_' are reserved"):
+        settings(api_keys_file=str(keys_file))
