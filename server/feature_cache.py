@@ -7,7 +7,7 @@ int32. The token ids are stored with the states and compared on every hit, so a 
 miss, never another sample's states.
 
 Tiers: memory (LRU, bounded in bytes, the states tensors themselves, shared read-only by every
-stream that hits them) then disk (``server/cache_disk.py``: atomic files, checksummed, LRU by mtime,
+stream that hits them) then disk (``server/cache_disk.py``: atomic files, MACed, LRU by mtime,
 survives restarts). A disk hit is promoted to memory. Stores go to both; the disk write happens on a
 background thread.
 

@@ -26,10 +26,10 @@ logger = logging.getLogger(__name__)
 def header_timeout_protocol(timeout_s: float, base: type[Any] = AutoHTTPProtocol) -> type[asyncio.Protocol]:
     """``base`` (a uvicorn HTTP protocol class) closing connections whose headers take over ``timeout_s``."""
 
-    class HeaderTimeoutProtocol(base):  # type: ignore[valid-type,misc]
+    class HeaderTimeoutProtocol(base):  # type: ignore[misc]
         _header_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             self._arm_header_timer()
 

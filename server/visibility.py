@@ -74,5 +74,5 @@ class _TenantView(Collector):
 def visible_metrics(registry: Collector, viewer: Viewer) -> bytes:
     """The Prometheus exposition of ``registry`` as ``viewer`` may see it."""
     if viewer.sees_all or viewer.tenant is None:
-        return generate_latest(registry)  # type: ignore[arg-type]
-    return generate_latest(_TenantView(registry, viewer.tenant))  # type: ignore[arg-type]
+        return generate_latest(registry)
+    return generate_latest(_TenantView(registry, viewer.tenant))
