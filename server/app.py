@@ -1,7 +1,8 @@
 """The FastAPI app: ``create_app(settings, backend=None)`` wires the lifespan (it owns the ``Runtime``:
 backend load in a thread, so the port answers probes at once, and stop), request ids, the one error
 envelope, OpenAPI and the two routers of ``server/routes.py``. No module-level state: two apps in one
-process share nothing. Auth (``server/deps.py``) guards every route but ``/livez`` and ``/readyz``.
+process share nothing. Auth (``server/deps.py``) guards every route but ``/livez`` and ``/readyz``
+(and what a ``--public-*`` setting opens).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from eagle3.server.request_limits import (
 from eagle3.server.request_log import log_api_call
 from eagle3.server.routes import api, probes
 from eagle3.server.runtime import Runtime
+from eagle3.server.tenants import AnonymousTenants
 
 logger = logging.getLogger(__name__)
 REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
@@ -91,8 +93,11 @@ def create_app(
         description="Hidden states of a resident verifier for EAGLE-3 draft training. The /v1/extract response "
         "is a binary frame stream (application/x-eagle3-frames), documented in docs/protocol.md.",
         lifespan=lifespan,
+        openapi_url=None,  # served by install_openapi, behind the key unless --public-openapi
+        docs_url=None,  # no Swagger UI: FastAPI's loads from a public CDN (server/openapi.py)
         redoc_url=None,
     )
+    app.state.anonymous_tenants = AnonymousTenants(settings.max_anonymous_tenants)  # without keys: server/tenants.py
     install_access_log_redaction()
     app.add_middleware(RequestIdMiddleware)
     install_openapi(app)

@@ -17,6 +17,7 @@ from eagle3.server.backends.base import SyntheticOptions, VllmOptions
 
 KEYS_FILE_ENV = "EAGLE3_API_KEYS_FILE"  # default of --api-keys-file
 KEYS_ENV = "EAGLE3_API_KEYS"  # the keys file's text itself (lines 'tenant: key' or JSON)
+RESERVED_TENANT_PREFIX = "_"  # the server's own tenants (the load's warm-up: _warmup)
 
 
 class SettingsError(KnobError):
@@ -87,6 +88,9 @@ class ServerSettings:
                                  "shared by several servers)")  # fmt: skip
     cache_disk_bytes: int = knob(16 << 30, "GiB the disk tier may hold (least recently used entries go first)",
                                  flag="--cache-gb", scale=2**30)  # fmt: skip
+    cache_scope: str = knob("shared", "shared: one cache for every tenant (a hit, and its latency, tells any "
+                            "tenant that someone extracted that text); tenant: each tenant hits only its own "
+                            "entries (docs/reliability.md, Isolation)", choices=("shared", "tenant"))  # fmt: skip
     interactive_max_tokens: int = knob(2048, "requests of at most this many tokens go to the interactive lane, "
                                        "a forward pass of their own ahead of bulk work (0: no lane)")  # fmt: skip
     # synthetic backend (benchmarks and tests only)
@@ -102,6 +106,8 @@ class ServerSettings:
         "an API key (tenants key-1, key-2, ...), repeatable; prefer EAGLE3_API_KEY or a keys file: flags show in ps",
         repeat=True, secret=True, metavar="KEY")})  # fmt: skip
     api_keys_file: str | None = knob(None, "lines 'tenant: key' or a JSON object {tenant: key}")
+    header_timeout_s: float = knob(10.0, "seconds a client may take to send a request's headers (then the "
+                                   "connection is closed; slow-header clients hold no socket longer)")  # fmt: skip
     drain_timeout_s: float = knob(30.0, "seconds open streams get to finish after SIGTERM")
     body_timeout_s: float = knob(30.0, "seconds the whole request body may take to arrive (else 408)")
     max_tenant_connections: int = knob(64, "open extract requests per tenant, streams included (else 429)")
@@ -112,7 +118,14 @@ class ServerSettings:
     allow_anonymous: bool = knob(False, "serve without API keys on a non-loopback --host (anyone who reaches "
                                  "the port can extract)")  # fmt: skip
     public_metrics: bool = knob(False, "serve /metrics without an API key (a Prometheus scraper is not a tenant)")
-    public_status: bool = knob(False, "serve the status page (/ and /v1/status) without an API key")
+    public_status: bool = knob(False, "serve the status page (/ and /v1/status) without an API key: every "
+                               "tenant's rows, error messages and request ids redacted")  # fmt: skip
+    public_openapi: bool = knob(False, "serve /openapi.json without an API key")
+    admin_tenant: tuple[str, ...] = knob((), "a tenant of the keys whose key sees every tenant's rows, errors and the "
+                                         "cache counters (other keys see their own tenant's), repeatable",
+                                         repeat=True, metavar="TENANT")  # fmt: skip
+    max_anonymous_tenants: int = knob(64, "without keys: distinct X-Eagle3-Tenant names kept (the least recently "
+                                      "seen idle one is forgotten; all busy: 429)")  # fmt: skip
     # $EAGLE3_API_KEYS: the keys file's text itself (keeps keys out of ps and off disk); not a flag
     api_keys_text: str | None = field(default=None, repr=False)
     # derived: key -> tenant, from api_key, api_keys_file and api_keys_text (or given directly)
@@ -136,12 +149,21 @@ class ServerSettings:
             "stream_chunk_bytes",
             "request_buffer_bytes",
             "max_tenant_connections",
+            "max_anonymous_tenants",
         )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.heartbeat_s <= 0 or self.drain_timeout_s < 0 or self.body_timeout_s <= 0:
-            raise SettingsError("--heartbeat-s and --body-timeout-s must be > 0 and --drain-timeout-s >= 0")
+        if self.heartbeat_s <= 0 or self.drain_timeout_s < 0 or self.body_timeout_s <= 0 or self.header_timeout_s <= 0:
+            raise SettingsError(
+                "--heartbeat-s, --body-timeout-s and --header-timeout-s must be > 0 and --drain-timeout-s >= 0"
+            )
+        tenants = set(self.api_keys.values())
+        if unknown := [t for t in self.admin_tenant if t not in tenants]:
+            raise SettingsError(
+                f"--admin-tenant {', '.join(map(repr, unknown))}: no API key names that tenant "
+                f"(tenants: {', '.join(map(repr, sorted(tenants))) or 'none, the server has no keys'})"
+            )
         if self.backend not in ("auto", "hf", "vllm", "synthetic"):
             raise SettingsError(f"--backend must be auto, hf, vllm or synthetic, got {self.backend!r}")
         if self.encoder_threads is not None and self.encoder_threads <= 0:
@@ -249,6 +271,8 @@ def parse_api_keys(
     for tenant, key in pairs:
         if not key:
             raise SettingsError(f"API key for tenant {tenant!r} is empty")
+        if tenant.startswith(RESERVED_TENANT_PREFIX):
+            raise SettingsError(f"tenant {tenant!r}: names starting with '_' are reserved for the server's own work")
         if key in out and out[key] != tenant:
             raise SettingsError(f"the same API key is given to tenants {out[key]!r} and {tenant!r}")
         out[key] = tenant

@@ -9,8 +9,11 @@ from collections.abc import Callable
 
 from fastapi import Request
 
+from eagle3.server.config import RESERVED_TENANT_PREFIX
 from eagle3.server.errors import ApiError
 from eagle3.server.runtime import Runtime
+from eagle3.server.tenants import AnonymousTenants
+from eagle3.server.visibility import Viewer
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
@@ -18,6 +21,12 @@ TENANT_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 def runtime_of(request: Request) -> Runtime:
     rt: Runtime = request.app.state.runtime
     return rt
+
+
+def anonymous_tenants(request: Request) -> AnonymousTenants:
+    """The app's bounded set of anonymous tenant names (made with the app: ``create_app``)."""
+    seen: AnonymousTenants = request.app.state.anonymous_tenants
+    return seen
 
 
 def authenticate(request: Request) -> str:
@@ -36,12 +45,41 @@ def authenticate_unless(public: str) -> Callable[[Request], str | None]:
     return check
 
 
+def viewer_unless(public: str) -> Callable[[Request], Viewer]:
+    """Who is looking (``server/visibility.py``): an admin key (or a server without keys) sees all, a
+    plain key its own tenant; without an ``Authorization`` header, where the setting named ``public``
+    is on, the public view; else 401."""
+
+    def check(request: Request) -> Viewer:
+        settings = runtime_of(request).settings
+        if getattr(settings, public) and settings.api_keys and "authorization" not in request.headers:
+            return Viewer(None, sees_all=False)
+        tenant = authenticate(request)
+        return Viewer(tenant, sees_all=not settings.api_keys or tenant in settings.admin_tenant)
+
+    return check
+
+
 def _authenticate(request: Request) -> str:
-    keys = runtime_of(request).settings.api_keys
+    rt = runtime_of(request)
+    keys = rt.settings.api_keys
     if not keys:
         tenant = request.headers.get("x-eagle3-tenant", "default")
         if not TENANT_RE.match(tenant):
             raise ApiError(400, "X-Eagle3-Tenant must be 1-64 characters of [A-Za-z0-9_.:-]", param="X-Eagle3-Tenant")
+        if tenant.startswith(RESERVED_TENANT_PREFIX):
+            raise ApiError(
+                400,
+                f"X-Eagle3-Tenant {tenant!r}: names starting with '_' are reserved for the server's own work",
+                param="X-Eagle3-Tenant",
+            )
+
+        def busy(name: str) -> bool:
+            return bool(rt.scheduler.tenant_inflight.get(name)) or rt.connections.open(name) > 0
+
+        for idle in anonymous_tenants(request).admit(tenant, busy):
+            rt.metrics.forget_tenant(idle)  # server/tenants.py: its series, errors and fairness clock go
+            rt.scheduler.forget_tenant(idle)
         return tenant
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     given = token.strip().encode()

@@ -7,7 +7,7 @@ int32. The token ids are stored with the states and compared on every hit, so a 
 miss, never another sample's states.
 
 Tiers: memory (LRU, bounded in bytes, the states tensors themselves, shared read-only by every
-stream that hits them) then disk (``server/cache_disk.py``: atomic files, checksummed, LRU by mtime,
+stream that hits them) then disk (``server/cache_disk.py``: atomic files, MACed, LRU by mtime,
 survives restarts). A disk hit is promoted to memory. Stores go to both; the disk write happens on a
 background thread.
 
@@ -105,8 +105,11 @@ class CacheStats:
 
 
 class FeatureCache:
-    def __init__(self, namespace: bytes, memory_bytes: int, disk: DiskTier | None = None) -> None:
+    def __init__(
+        self, namespace: bytes, memory_bytes: int, disk: DiskTier | None = None, *, per_tenant: bool = False
+    ) -> None:
         self.namespace = namespace
+        self.per_tenant = per_tenant  # --cache-scope tenant: the tenant's name joins every key
         self.memory_max_bytes = memory_bytes
         self.disk = disk
         self.stats = CacheStats()
@@ -116,15 +119,26 @@ class FeatureCache:
 
     @classmethod
     def open(
-        cls, info: BackendInfo, engine: dict[str, Any], memory_bytes: int, cache_dir: str | Path | None, disk_bytes: int
+        cls,
+        info: BackendInfo,
+        engine: dict[str, Any],
+        memory_bytes: int,
+        cache_dir: str | Path | None,
+        disk_bytes: int,
+        *,
+        per_tenant: bool = False,
     ) -> FeatureCache:
         disk = DiskTier(cache_dir, disk_bytes) if cache_dir else None
-        return cls(cache_namespace(info, engine), memory_bytes, disk)
+        return cls(cache_namespace(info, engine), memory_bytes, disk, per_tenant=per_tenant)
 
-    def key(self, input_ids: Sequence[int]) -> tuple[bytes, np.ndarray]:
+    def key(self, input_ids: Sequence[int], tenant: str = "") -> tuple[bytes, np.ndarray]:
+        """The entry's key and the ids as int32; ``tenant`` joins the key when the cache is per tenant."""
         ids = np.asarray(input_ids, dtype="<i4")
         digest = xxhash.xxh3_128()
         digest.update(self.namespace)
+        if self.per_tenant:
+            name = tenant.encode()
+            digest.update(len(name).to_bytes(4, "little") + name)  # length first: no two tenants' keys meet
         digest.update(ids.data.cast("B"))
         return digest.digest(), ids
 
@@ -225,11 +239,13 @@ def compute_with_cache(
     samples: list[S],
     use_cache: list[bool],
     compute: Callable[[list[S]], list[Output]],
+    tenants: Sequence[str] | None = None,
 ) -> tuple[list[Output], list[S]]:
     """One forward pass's outputs, in order, and the samples the backend computed (the misses).
 
-    Samples with ``use_cache`` are looked up; the misses (each distinct key once) and the bypassing
-    samples go to ``compute`` in one call; successful misses are stored."""
+    Samples with ``use_cache`` are looked up (under their tenant's name when the cache is per tenant);
+    the misses (each distinct key once) and the bypassing samples go to ``compute`` in one call;
+    successful misses are stored."""
     outputs: list[Output | None] = [None] * len(samples)
     todo: list[int] = []  # indices computed by the backend
     keyed: dict[bytes, list[int]] = {}  # key -> indices of the samples it answers (misses only)
@@ -238,7 +254,7 @@ def compute_with_cache(
         if cache is None or not use:
             todo.append(i)
             continue
-        key, ids = cache.key(sample.input_ids)
+        key, ids = cache.key(sample.input_ids, tenants[i] if tenants is not None else "")
         if key in keyed:
             if np.array_equal(keys[keyed[key][0]][1], ids):
                 keyed[key].append(i)  # the same sample twice in one pass: computed once

@@ -33,6 +33,7 @@ DURATION_BUCKETS_S = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 9
 THROUGHPUT_BUCKET_S = 10.0  # the status page's throughput history: tokens per 10 s bucket ...
 THROUGHPUT_HISTORY_S = 900.0  # ... for the last 15 minutes
 RECENT_ERRORS = 20
+PRUNED_TENANT = "_pruned"  # the counts of forgotten anonymous tenants ('_' names are never a caller's)
 
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "eagle3_requests_total": ("Extract requests admitted", ("tenant",)),
@@ -151,6 +152,26 @@ class Metrics:
     def note_error(self, kind: str, tenant: str, request_id: str, message: str) -> None:
         with self._lock:
             self.errors.append(ErrorNote(time.time(), kind, tenant, request_id, message[:300]))
+
+    def forget_tenant(self, tenant: str) -> None:
+        """Fold every series labelled ``tenant`` into ``tenant="_pruned"`` (sums stay what they were) and
+        drop its recent errors: a pruned anonymous tenant (server/tenants.py)."""
+        for name, (_, labelnames) in COUNTERS.items():
+            if "tenant" not in labelnames:
+                continue
+            counter = self._counters[name]
+            children = {
+                tuple(s.labels[label] for label in labelnames): s.value
+                for metric in counter.collect()
+                for s in metric.samples
+                if s.labels.get("tenant") == tenant and s.name.endswith("_total")
+            }
+            for values, value in children.items():
+                counter.remove(*values)
+                labels = dict(zip(labelnames, values, strict=True))
+                counter.labels(**{**labels, "tenant": PRUNED_TENANT}).inc(value)
+        with self._lock:
+            self.errors = deque((e for e in self.errors if e.tenant != tenant), maxlen=RECENT_ERRORS)
 
     def _note_tokens(self, n_tokens: float) -> None:
         now = time.monotonic()

@@ -1,4 +1,9 @@
-"""What ``/openapi.json`` (and the Swagger UI at ``/docs``) says beyond what FastAPI derives.
+"""What ``/openapi.json`` says beyond what FastAPI derives, and who may read it.
+
+``/openapi.json`` needs an API key like every route but the probes, unless ``--public-openapi``. There
+is no Swagger UI (``/docs``): FastAPI's loads its script from a public CDN at a floating version,
+which a server without internet cannot reach and a pinned deployment should not run; any OpenAPI
+viewer reads the JSON (``curl -H 'Authorization: Bearer KEY' .../openapi.json``).
 
 ``/v1/extract`` reads its body itself (a byte limit before parsing, then ``validation.ExtractRequest``),
 so its request schema is declared here from that same pydantic model, and its 200 response is the
@@ -10,9 +15,11 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 
 from eagle3.core.protocol.frames import CONTENT_TYPE
+from eagle3.server.deps import authenticate_unless
 from eagle3.server.validation import ExtractRequest
 
 
@@ -47,7 +54,8 @@ EXTRACT_OPENAPI: dict[str, Any] = {
 
 
 def install_openapi(app: FastAPI) -> None:
-    """Add the request models ``EXTRACT_OPENAPI`` refers to under ``components/schemas``."""
+    """Add the request models ``EXTRACT_OPENAPI`` refers to under ``components/schemas``, and the route
+    ``/openapi.json`` behind the key (the app is made with ``openapi_url=None, docs_url=None``)."""
     base = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -61,3 +69,7 @@ def install_openapi(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authenticate_unless("public_openapi"))])
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())

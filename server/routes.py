@@ -11,7 +11,7 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from eagle3.server.deps import authenticate, authenticate_unless, runtime_of, unavailable
+from eagle3.server.deps import authenticate, runtime_of, unavailable, viewer_unless
 from eagle3.server.errors import ApiError
 from eagle3.server.generate import GENERATE_OPENAPI, handle_generate
 from eagle3.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -22,9 +22,12 @@ from eagle3.server.scheduler import AdmissionError
 from eagle3.server.status_page import render_status_page, status_data
 from eagle3.server.stream import FrameStreamResponse
 from eagle3.server.validation import check_samples, parse_request
+from eagle3.server.visibility import Viewer, visible_metrics, visible_status
 
 probes = APIRouter()
 api = APIRouter()
+METRICS_VIEWER = Depends(viewer_unless("public_metrics"))  # who looks: server/visibility.py
+STATUS_VIEWER = Depends(viewer_unless("public_status"))
 
 
 @probes.get("/livez")
@@ -55,20 +58,25 @@ async def info(request: Request) -> JSONResponse:
     return JSONResponse(rt.describe().to_dict())
 
 
-@api.get("/metrics", dependencies=[Depends(authenticate_unless("public_metrics"))], include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    return Response(runtime_of(request).metrics.render(), media_type=METRICS_CONTENT_TYPE)
+@api.get("/metrics", include_in_schema=False)
+async def metrics(request: Request, viewer: Viewer = METRICS_VIEWER) -> Response:
+    """Every tenant's series for an admin key (or ``--public-metrics``), the caller's own for a plain key."""
+    body = visible_metrics(runtime_of(request).metrics.registry, viewer)
+    return Response(body, media_type=METRICS_CONTENT_TYPE)
 
 
-@api.get("/v1/status", dependencies=[Depends(authenticate_unless("public_status"))])
-async def status_json(request: Request) -> JSONResponse:
-    """The status page's figures: model, load phase, uptime, per-tenant work, throughput, recent errors."""
-    return JSONResponse(status_data(runtime_of(request)))
+@api.get("/v1/status")
+async def status_json(request: Request, viewer: Viewer = STATUS_VIEWER) -> JSONResponse:
+    """The status page's figures: model, load phase, uptime, per-tenant work, throughput, recent errors
+    (other tenants' rows and errors only for an admin key; server/visibility.py)."""
+    rt = runtime_of(request)
+    return JSONResponse(visible_status(status_data(rt), viewer, rt.settings.public_status))
 
 
-@api.get("/", dependencies=[Depends(authenticate_unless("public_status"))], include_in_schema=False)
-async def status_page(request: Request) -> HTMLResponse:
-    return HTMLResponse(render_status_page(status_data(runtime_of(request))))
+@api.get("/", include_in_schema=False)
+async def status_page(request: Request, viewer: Viewer = STATUS_VIEWER) -> HTMLResponse:
+    rt = runtime_of(request)
+    return HTMLResponse(render_status_page(visible_status(status_data(rt), viewer, rt.settings.public_status)))
 
 
 @api.post("/v1/extract", openapi_extra=EXTRACT_OPENAPI)

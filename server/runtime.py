@@ -212,7 +212,9 @@ class Runtime:
         if info.backend == "vllm":
             options = s.vllm_options
             engine["vllm"] = {"compile": options.compile, "engine_args": options.engine_args}
-        cache = FeatureCache.open(info, engine, s.cache_memory_bytes, s.cache_dir, s.cache_disk_bytes)
+        cache = FeatureCache.open(
+            info, engine, s.cache_memory_bytes, s.cache_dir, s.cache_disk_bytes, per_tenant=s.cache_scope == "tenant"
+        )
         self.cache = self.scheduler.cache = cache
         self.metrics.gauges = lambda: itertools.chain(self.scheduler.gauges(), cache.gauges())
         self.metrics.scrape_counters = cache.counters

@@ -371,7 +371,8 @@ class Scheduler:
         started = time.monotonic()
         samples = [s for _, s in batch]
         use_cache = [r.use_cache and s.generation is None for r, s in batch]  # generation never cached
-        outputs, computed = compute_with_cache(self.cache, samples, use_cache, self._run_samples)
+        tenants = [r.tenant for r, _ in batch]  # the key's tenant part under --cache-scope tenant
+        outputs, computed = compute_with_cache(self.cache, samples, use_cache, self._run_samples, tenants)
         computed_ids = {id(s) for s in computed}
         if computed:  # a pass served wholly from the cache ran no forward pass: no throughput figure
             n_tokens = sum(s.n_tokens for s in computed)

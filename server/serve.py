@@ -22,6 +22,7 @@ import uvicorn
 
 from eagle3.server.app import create_app
 from eagle3.server.config import ServerSettings
+from eagle3.server.header_timeout import header_timeout_protocol
 from eagle3.server.request_log import configure_logging
 
 logger = logging.getLogger(__name__)
@@ -82,17 +83,21 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(settings: ServerSettings) -> None:
-    configure_logging(settings.log_level, settings.log_format)
-    app = create_app(settings, freeze_gc_when_ready=True)  # this process lives exactly as long as the app
-    config = uvicorn.Config(
+def uvicorn_config(settings: ServerSettings, app: Any) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=header_timeout_protocol(settings.header_timeout_s),  # server/header_timeout.py
         log_level=settings.log_level,
         timeout_graceful_shutdown=GRACEFUL_CLOSE_S,
         lifespan="on",
         log_config=None,
         access_log=False,  # eagle3.server.request_log writes one line per call, probes excluded
     )
-    DrainingServer(config, app).run()
+
+
+def serve(settings: ServerSettings) -> None:
+    configure_logging(settings.log_level, settings.log_format)
+    app = create_app(settings, freeze_gc_when_ready=True)  # this process lives exactly as long as the app
+    DrainingServer(uvicorn_config(settings, app), app).run()

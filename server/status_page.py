@@ -5,8 +5,9 @@ work in flight and totals, throughput over the last minutes and the last errors.
 from the same ``Metrics`` registry and scheduler gauges that ``/metrics`` exposes, so the page and a
 scrape taken at the same moment agree (tests/e2e/test_status_page.py checks that in headless
 Chromium). Nothing secret is shown: no keys, no sample contents, no settings beyond the model's
-identity. Server-side HTML with a meta refresh (no JavaScript, no assets): it renders the same in a
-browser, ``curl`` or a terminal browser, and needs no key in the page when ``--public-status``.
+identity; which tenants' rows and error texts a caller sees is ``server/visibility.py``'s.
+Server-side HTML with a meta refresh (no JavaScript, no assets): it renders the same in a browser,
+``curl`` or a terminal browser, and needs no key in the page when ``--public-status``.
 """
 
 from __future__ import annotations
@@ -176,6 +177,6 @@ td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
 <table id="errors"><tr><th>at (UTC)</th><th>kind</th><th>tenant</th><th>request id</th><th>message</th></tr>
 {errors}</table>
 <p class="muted">Refreshes every {REFRESH_S} s.
-<a href="{metrics_path}">/metrics</a> · <a href="/v1/status">/v1/status</a> · <a href="/docs">API docs</a></p>
+<a href="{metrics_path}">/metrics</a> · <a href="/v1/status">/v1/status</a> · <a href="/openapi.json">OpenAPI</a></p>
 </body></html>
 """

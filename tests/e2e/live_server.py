@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +68,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+SCRAPER = "e2e-scraper"  # the tenant whose key metrics() scrapes with (--admin-tenant: every tenant's series)
+
+
 class LiveServer:
     def __init__(self, args: list[str], log_path: Path, api_keys: dict[str, str] | None = None) -> None:
         self.port = free_port()
@@ -76,10 +80,12 @@ class LiveServer:
         # `--backend auto` picks vllm whenever it is importable; these tests name their backend.
         backend = [] if "--backend" in args else ["--backend", os.environ.get("EAGLE3_E2E_BACKEND", "hf")]
         cmd = [sys.executable, "-m", "eagle3", "serve", "--port", str(self.port), *backend, *args]
+        self._scraper_key = f"scraper-{uuid.uuid4().hex}"  # metrics(): an operator's key, sees every tenant
         if self.keys:
             keys_file = log_path.with_suffix(".keys")
-            keys_file.write_text("".join(f"{tenant}: {key}\n" for tenant, key in self.keys.items()))
-            cmd += ["--api-keys-file", str(keys_file)]
+            lines = [f"{tenant}: {key}\n" for tenant, key in {**self.keys, SCRAPER: self._scraper_key}.items()]
+            keys_file.write_text("".join(lines))
+            cmd += ["--api-keys-file", str(keys_file), "--admin-tenant", SCRAPER]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
@@ -116,7 +122,8 @@ class LiveServer:
         each single label, and by ``name{all labels, sorted}``."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        text = httpx.get(f"{self.url}/metrics", headers=self.headers(), timeout=10.0).text
+        scraper = {"Authorization": f"Bearer {self._scraper_key}"} if self.keys else {}
+        text = httpx.get(f"{self.url}/metrics", headers=scraper, timeout=10.0).text
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

@@ -66,7 +66,8 @@ def assert_envelope(resp: httpx.Response, status: int, type_: str, param: str | 
 def test_probes_are_open_and_everything_else_needs_a_key(server: LiveServer) -> None:
     assert httpx.get(f"{server.url}/livez").json() == {"status": "alive"}
     assert httpx.get(f"{server.url}/readyz").json() == {"status": "ready"}
-    for method, path in [("GET", "/"), ("GET", "/metrics"), ("GET", "/v1/info"), ("POST", "/v1/extract")]:
+    for method, path in [("GET", "/"), ("GET", "/metrics"), ("GET", "/v1/info"), ("GET", "/openapi.json"),
+                         ("POST", "/v1/extract")]:  # fmt: skip
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEYS['tenant-a']}"}):
             resp = httpx.request(method, f"{server.url}{path}", headers=headers, content=b"{}")
             assert_envelope(resp, 401, "unauthorized")

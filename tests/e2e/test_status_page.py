@@ -88,8 +88,8 @@ def value_of(series: str, scraped: list[tuple[str, dict[str, str], float]]) -> f
 def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("status")
     model = tiny_llama_dir(root / "tiny", tokenizer_from=smollm2_dir)
-    args = ["--model", str(model), "--dtype", "float32", "--public-status", "--max-body-mb", "1",
-            "--max-batch-tokens", "256"]  # fmt: skip
+    args = ["--model", str(model), "--dtype", "float32", "--public-status", "--admin-tenant", "alice",
+            "--max-body-mb", "1", "--max-batch-tokens", "256"]  # fmt: skip
     with LiveServer(args, root / "server.log", api_keys=KEYS) as live:
         live.wait_ready()
         yield live

@@ -43,7 +43,7 @@ def frames(content: bytes) -> list[FrameType]:
 def keyed_app(tmp_path: Path) -> tuple[TestClient, dict[str, str]]:
     keys_file = tmp_path / "keys.json"
     keys_file.write_text(json.dumps({HOSTILE: "key-hostile", "ops": "key-ops"}))
-    app = create_app(settings(api_keys_file=str(keys_file)), FakeBackend(tmp_path))
+    app = create_app(settings(api_keys_file=str(keys_file), admin_tenant=("ops",)), FakeBackend(tmp_path))
     return TestClient(app), {"hostile": "Bearer key-hostile", "ops": "Bearer key-ops"}
 
 
@@ -112,11 +112,10 @@ def test_what_needs_a_key(tmp_path: Path, public_metrics: bool, public_status: b
         assert client.get("/", headers=ok).status_code == 200
 
 
-def test_openapi_describes_extract_and_docs_render(tmp_path: Path) -> None:
+def test_openapi_describes_extract(tmp_path: Path) -> None:
     with TestClient(create_app(settings(), FakeBackend(tmp_path))) as client:
         wait_for(client, "ready")
         spec = client.get("/openapi.json").json()
-        assert client.get("/docs").status_code == 200
     op = spec["paths"]["/v1/extract"]["post"]
     assert op["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ExtractRequest"}
     schemas = spec["components"]["schemas"]
