@@ -52,7 +52,7 @@ class FeaturesFormatError(ValueError):
 @dataclass(frozen=True)
 class FeaturesMeta:
     model_id: str  # what the server calls its verifier (a name or a path)
-    revision: str  # checkpoint identity: sha256 of the weights index / config, from /v1/info
+    revision: str  # checkpoint identity by content (core/identity.py::checkpoint_revision), from /v1/info
     aux_layer_ids: tuple[int, ...]  # vLLM semantics; the final state is the extra last layer
     final_layer_id: int  # = number of decoder layers N
     hidden_size: int

@@ -100,7 +100,7 @@ class BackendConfig:
 @dataclass(frozen=True)
 class BackendInfo:
     model_id: str
-    revision: str  # sha256 over the checkpoint's config.json and weight index/file names+sizes
+    revision: str  # sha256 over config.json and the weight files' names, sizes and content digests
     model_dir: str
     num_hidden_layers: int  # N
     hidden_size: int
