@@ -226,7 +226,7 @@ class AsyncExtractionClient(BaseClient):
                 if resp.status_code != 200:
                     await resp.aread()
                     raise response_status_error(resp, url)
-                async for item in aread_stream(resp, url, requests, self._layout.get(url), self.counters,
+                async for item in aread_stream(resp, url, requests, self._identity.get(url), self.counters,
                                               self._allocate):  # fmt: skip
                     yield item
         except TRANSPORT_ERRORS as exc:

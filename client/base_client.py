@@ -44,6 +44,7 @@ from eagle3.client.request_samples import consecutive_runs, request_token_cap, r
 from eagle3.client.retry import retry_delay_s, should_retry
 from eagle3.client.stream_read import Outcome, StreamCounters
 from eagle3.core.protocol.frames import PROTOCOL_VERSION, ProtocolError, TruncatedStreamError
+from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.protocol.wire import CACHE_MODES, ServerInfo
 from eagle3.core.sample import ExtractedSample
 
@@ -91,7 +92,7 @@ class BaseClient:
         self.counters = StreamCounters()
         self._url_index = 0
         self._limits: tuple[int, int] | None = None  # the server's (max_request_tokens, max_body_bytes)
-        self._layout: dict[str, dict[str, Any]] = {}  # url -> layer ids and hidden size its /v1/info said
+        self._identity: dict[str, ModelIdentity] = {}  # url -> the model its /v1/info described
 
     @property
     def wire_bytes(self) -> int:
@@ -123,16 +124,15 @@ class BaseClient:
         return body
 
     def _server_info(self, data: Any) -> ServerInfo:
-        """``/v1/info``'s JSON of the current server, typed and checked; its layout is remembered so that
-        every stream's HEADER is checked against it."""
+        """``/v1/info``'s JSON of the current server, typed and checked; its model identity is remembered so
+        that every stream's HEADER is checked against it."""
         info = parse_server_info(data, self.url)
         if info.protocol_version != PROTOCOL_VERSION:
             raise IncompatibleError(
                 f"{self.url} speaks eagle3 protocol {info.protocol_version}, this client {PROTOCOL_VERSION}: "
                 "upgrade the older of the two"
             )
-        self._layout[self.url] = {"aux_layer_ids": list(info.aux_layer_ids), "final_layer_id": info.final_layer_id,
-                                  "hidden_size": info.hidden_size}  # fmt: skip
+        self._identity[self.url] = info.identity
         return info
 
     def _remember_limits(self, info: ServerInfo) -> tuple[int, int]:

@@ -42,7 +42,7 @@ from eagle3.client.errors import (
 from eagle3.client.extract_work import BatchSource, ByteBudget, ServerWorker, cut_batches
 from eagle3.client.progress import Progress
 from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient
-from eagle3.core.features_writer import DEFAULT_SHARD_MB, IDENTITY_FIELDS, FeaturesWriter, check_free_disk
+from eagle3.core.features_writer import DEFAULT_SHARD_MB, FeaturesWriter, check_free_disk
 from eagle3.core.protocol.features import SHARDS_DIR, FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedMeta, PreparedSample, iter_prepared, read_meta
 from eagle3.core.protocol.wire import ServerInfo
@@ -107,14 +107,8 @@ FRAMES_IN_FLIGHT_BYTES = 64 << 20  # the buffer pool's room for frames being rec
 
 def features_meta(info: ServerInfo, prepared_dir: Path, n_samples_total: int) -> FeaturesMeta:
     return FeaturesMeta(
-        model_id=info.model_id,
-        revision=info.revision,
-        aux_layer_ids=info.aux_layer_ids,
-        final_layer_id=info.final_layer_id,
-        hidden_size=info.hidden_size,
-        vocab_size=info.vocab_size,
+        **info.identity.as_fields(),
         dtype="bfloat16",
-        tokenizer_sha256=info.tokenizer_sha256,
         prepared_dir=str(prepared_dir.resolve()),
         n_samples_total=n_samples_total,
     )
@@ -232,11 +226,12 @@ def _run(
     stop = threading.Event()
 
     def check_info(info: ServerInfo) -> None:
-        for name in IDENTITY_FIELDS:
-            if getattr(meta, name) != getattr(info, name):
-                raise IncompatibleError(
-                    f"{info.url} serves {name}={getattr(info, name)!r}, not {getattr(meta, name)!r}"
-                )
+        difference = meta.identity.diff(info.identity)
+        if difference:
+            raise IncompatibleError(
+                f"{info.url} serves another model than this extraction's ({difference}; the features -> "
+                f"{info.url})"
+            )
 
     if config.requests_per_server < 1:
         raise ValueError(f"requests_per_server must be at least 1, got {config.requests_per_server}")

@@ -258,7 +258,7 @@ class ExtractionClient(BaseClient):
                 if resp.status_code != 200:
                     resp.read()
                     raise response_status_error(resp, url)
-                yield from read_stream(resp, url, requests, self._layout.get(url), self.counters, self._allocate)
+                yield from read_stream(resp, url, requests, self._identity.get(url), self.counters, self._allocate)
         except TRANSPORT_ERRORS as exc:
             raise transport_error(exc, url, request_id) from None
 

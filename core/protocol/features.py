@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.protocol.model_identity import ModelIdentity
+
 FEATURES_SCHEMA_VERSION = 1
 FEATURES_META_FILE = "features.json"
 MANIFEST_FILE = "manifest.jsonl"
@@ -67,6 +69,10 @@ class FeaturesMeta:
     @property
     def n_layers_stored(self) -> int:
         return len(self.aux_layer_ids) + 1
+
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity.of(self)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
