@@ -139,7 +139,7 @@ class AsyncExtractionClient(BaseClient):
 
     async def wait_until_ready(
         self,
-        timeout_s: float = 1800.0,
+        timeout_s: float | None = 1800.0,
         poll_s: float = 2.0,
         *,
         report: Callable[[str], None] | None = None,

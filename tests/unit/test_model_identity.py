@@ -51,15 +51,28 @@ def changed(name: str) -> ModelIdentity:
 
 
 def info_with(identity: ModelIdentity) -> dict[str, Any]:
-    return json.loads(json.dumps({**FakeServer().info, **identity.as_fields()}))
+    info: dict[str, Any] = json.loads(json.dumps({**FakeServer().info, **identity.as_fields()}))
+    return info
 
 
 def test_every_carrier_holds_every_field() -> None:
     for carrier in (ServerInfo, StreamHeader, FeaturesMeta):
         names = {f.name for f in dataclasses.fields(carrier)}
         assert set(FIELDS) <= names, f"{carrier.__name__} lacks {set(FIELDS) - names}"
-    backend = BackendInfo(BASE.model_id, BASE.revision, "/m", BASE.final_layer_id, BASE.hidden_size, BASE.vocab_size,
-                          4096, "bfloat16", BASE.aux_layer_ids, BASE.tokenizer_sha256, "hf", "cpu")  # fmt: skip
+    backend = BackendInfo(
+        BASE.model_id,
+        BASE.revision,
+        "/m",
+        BASE.final_layer_id,
+        BASE.hidden_size,
+        BASE.vocab_size,
+        4096,
+        "bfloat16",
+        BASE.aux_layer_ids,
+        BASE.tokenizer_sha256,
+        "hf",
+        "cpu",
+    )
     assert backend.identity == BASE
     assert stream_header(backend, "r", 1, 1, 1 << 20).identity == BASE  # the server's HEADER: the same identity
     assert ModelIdentity.of(FeaturesMeta(**BASE.as_fields(), dtype="bfloat16")) == BASE
@@ -101,5 +114,11 @@ def test_extract_refuses_a_server_of_another_model(tmp_path: Path, name: str) ->
 
     config = ExtractConfig(progress=False, requests_per_server=1, max_retries=50)
     with pytest.raises(IncompatibleError, match=f"http://b serves another model .*{name}: "):
-        extract_dataset(tmp_path / "prep", tmp_path / "out", ["http://a", "http://b"], config=config,
-                        transport=httpx.MockTransport(handle), sleep=lambda s: None)  # fmt: skip
+        extract_dataset(
+            tmp_path / "prep",
+            tmp_path / "out",
+            ["http://a", "http://b"],
+            config=config,
+            transport=httpx.MockTransport(handle),
+            sleep=lambda s: None,
+        )
