@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 class RevisionJob:
     """``checkpoint_revision(model_dir)`` on a daemon thread (a server that exits does not wait for it)."""
 
+    report_every_s = 5.0  # while ``result`` waits
+
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = model_dir
         self.digests = FileDigests()
@@ -54,7 +56,7 @@ class RevisionJob:
 
     def result(self, progress: ProgressCallback | None = None, fraction: float = 0.9) -> str:
         """The revision; while it is still being computed, ``progress`` says so every few seconds."""
-        while not self._done.wait(5.0):
+        while not self._done.wait(self.report_every_s):
             if progress is not None:
                 progress(f"hashing the checkpoint's weights ({self.digests.hashed_bytes / 1e9:.1f} GB read)", fraction)
         if self._error is not None:

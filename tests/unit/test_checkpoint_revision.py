@@ -112,3 +112,40 @@ def test_prune_drops_entries_of_files_that_are_gone_or_changed(tmp_path: Path) -
     assert digests.prune() == 2
     assert len(list((tmp_path / "digests").glob("*.json"))) == 1
     assert FileDigests(tmp_path / "digests").remembered(file_digests.file_key(kept)) is not None
+
+
+def test_the_servers_revision_job_reports_while_it_hashes_and_names_a_failure(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from eagle3.server.backends.base import BackendError
+    from eagle3.server.backends.identity import RevisionJob
+
+    monkeypatch.setenv("EAGLE3_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(RevisionJob, "report_every_s", 0.01)
+    release = threading.Event()
+    real_hash = file_digests.hash_file
+
+    def slow_hash(*args: object, **kw: object) -> str:
+        release.wait(10)
+        return real_hash(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(file_digests, "hash_file", slow_hash)
+    job = RevisionJob(model)  # as open_checkpoint starts it, before the engine loads
+    phases: list[str] = []
+
+    def progress(phase: str, _fraction: float) -> None:
+        phases.append(phase)
+        release.set()  # the engine is ready first: the server says what it still waits for
+
+    assert job.result(progress) == checkpoint_revision(model, FileDigests(tmp_path / "other"))
+    assert phases and phases[0].startswith("hashing the checkpoint's weights")
+
+    def failing_read(*_args: object, **_kw: object) -> str:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(file_digests, "hash_file", failing_read)
+    copy = shutil.copytree(model, tmp_path / "copy")  # new inodes: nothing remembered
+    with pytest.raises(BackendError, match=f"{copy}: cannot hash the weights for its revision: .*Input/output"):
+        RevisionJob(copy).result()
