@@ -139,7 +139,7 @@ class AsyncExtractionClient(BaseClient):
 
     async def wait_until_ready(
         self,
-        timeout_s: float = 1800.0,
+        timeout_s: float | None = 1800.0,
         poll_s: float = 2.0,
         *,
         report: Callable[[str], None] | None = None,
@@ -226,7 +226,7 @@ class AsyncExtractionClient(BaseClient):
                 if resp.status_code != 200:
                     await resp.aread()
                     raise response_status_error(resp, url)
-                async for item in aread_stream(resp, url, requests, self._layout.get(url), self.counters,
+                async for item in aread_stream(resp, url, requests, self._identity.get(url), self.counters,
                                               self._allocate):  # fmt: skip
                     yield item
         except TRANSPORT_ERRORS as exc:

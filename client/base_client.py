@@ -44,6 +44,7 @@ from eagle3.client.request_samples import consecutive_runs, request_token_cap, r
 from eagle3.client.retry import retry_delay_s, should_retry
 from eagle3.client.stream_read import Outcome, StreamCounters
 from eagle3.core.protocol.frames import PROTOCOL_VERSION, ProtocolError, TruncatedStreamError
+from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.protocol.wire import CACHE_MODES, ServerInfo
 from eagle3.core.sample import ExtractedSample
 
@@ -91,7 +92,7 @@ class BaseClient:
         self.counters = StreamCounters()
         self._url_index = 0
         self._limits: tuple[int, int] | None = None  # the server's (max_request_tokens, max_body_bytes)
-        self._layout: dict[str, dict[str, Any]] = {}  # url -> layer ids and hidden size its /v1/info said
+        self._identity: dict[str, ModelIdentity] = {}  # url -> the model its /v1/info described
 
     @property
     def wire_bytes(self) -> int:
@@ -123,17 +124,22 @@ class BaseClient:
         return body
 
     def _server_info(self, data: Any) -> ServerInfo:
-        """``/v1/info``'s JSON of the current server, typed and checked; its layout is remembered so that
-        every stream's HEADER is checked against it."""
+        """``/v1/info``'s JSON of the current server, typed and checked; its model identity is remembered so
+        that every stream's HEADER is checked against it."""
         info = parse_server_info(data, self.url)
         if info.protocol_version != PROTOCOL_VERSION:
             raise IncompatibleError(
                 f"{self.url} speaks eagle3 protocol {info.protocol_version}, this client {PROTOCOL_VERSION}: "
                 "upgrade the older of the two"
             )
-        self._layout[self.url] = {"aux_layer_ids": list(info.aux_layer_ids), "final_layer_id": info.final_layer_id,
-                                  "hidden_size": info.hidden_size}  # fmt: skip
+        self._identity[self.url] = info.identity
         return info
+
+    def use_info(self, info: ServerInfo) -> None:
+        """Adopt ``info`` (``/v1/info`` of ``info.url``, read once elsewhere): its identity is what every
+        stream's HEADER is checked against and its limits cut requests, without reading it again."""
+        self._identity[info.url] = info.identity
+        self._remember_limits(info)
 
     def _remember_limits(self, info: ServerInfo) -> tuple[int, int]:
         limits = info.limits
@@ -274,17 +280,24 @@ def transport_error(exc: Exception, url: str, request_id: str | None, where: str
 TRANSPORT_ERRORS = (TruncatedStreamError, ProtocolError, httpx.TransportError)  # TimeoutException is one
 
 
+NO_ETA_WAIT_S = 1800.0  # timeout_s=None, and no server said when it expects to be loaded: wait this long
+ETA_FACTOR, ETA_SLACK_S = 1.5, 120.0  # timeout_s=None: wait max(ETA x 1.5, ETA + 2 min) from the first ETA seen
+
+
 class ReadyPoll:
     """``wait_until_ready``'s bookkeeping: ``answer`` each URL's ``/readyz`` (a response or the exception),
     True when it is ready; ``end_round`` reports now and then and raises ``APITimeoutError`` past the
-    deadline."""
+    deadline. ``timeout_s=None``: the deadline follows the server's own estimate (``eta_s`` of its
+    ``/readyz``, from its last load) the first time one comes: at least that long, with room for a slower
+    load (``ETA_FACTOR``, ``ETA_SLACK_S``); ``NO_ETA_WAIT_S`` while no estimate came."""
 
-    def __init__(self, timeout_s: float, report: Callable[[str], None] | None, report_every_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float | None, report: Callable[[str], None] | None, report_every_s: float) -> None:
+        self.follow_eta = timeout_s is None
+        self.timeout_s = NO_ETA_WAIT_S if timeout_s is None else timeout_s
         self.report = report
         self.report_every_s = report_every_s
         self.started = time.monotonic()
-        self.deadline = self.started + timeout_s
+        self.deadline = self.started + self.timeout_s
         self.last = "no answer"
         self._next_report = self.started
 
@@ -295,7 +308,21 @@ class ReadyPoll:
         if resp.status_code == 200:
             return True
         self.last = f"{url}: {describe_readyz(resp)}"
+        if self.follow_eta:
+            self._follow(resp)
         return False
+
+    def _follow(self, resp: httpx.Response) -> None:
+        try:
+            body = resp.json()
+        except ValueError:
+            return
+        eta_s = body.get("eta_s") if isinstance(body, dict) else None
+        if isinstance(eta_s, int | float) and not isinstance(eta_s, bool):
+            self.follow_eta = False  # the first estimate sets the deadline: a server that overruns it is not
+            waited_s = time.monotonic() - self.started  # waited for without end
+            self.timeout_s = waited_s + max(eta_s * ETA_FACTOR, eta_s + ETA_SLACK_S)
+            self.deadline = self.started + self.timeout_s
 
     def end_round(self, url: str) -> None:
         now = time.monotonic()

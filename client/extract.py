@@ -1,17 +1,21 @@
 """``extract_dataset``: a prepared dataset -> a features directory, from one or more servers, resumable.
 
-Order of work (nothing is requested before every check passed):
+One ``_ExtractRun`` per call, in this order (nothing is requested before every check passed):
 
-1. ``/v1/info`` from the first server that answers; its tokenizer hash and vocab size must match the
-   prepared ``meta.json`` (a dataset tokenized for another model would train a useless draft).
-2. Open the features directory (``FeaturesWriter.open``): a new one gets ``features.json``; an old one
-   must hold the same model/revision/layers/hidden size, its torn manifest tail and orphans are
-   removed, and the sample ids already recorded are skipped.
-3. Scan the prepared samples still to do: token ids in range, no sample over the server's limits,
-   free disk for all of them.
-4. Workers (``requests_per_server`` threads per URL, each with its own connection,
-   ``client/extract_work.py``) stream batches of at most ``request_tokens`` tokens and decode them;
-   the writer (this thread) appends shards as samples arrive, in arrival order.
+1. ``connect``: ``/v1/info`` from the first server that answers, read once. A server that says it is
+   still loading is waited for (``wait_ready_s``; by default as long as the server itself expects to
+   load, and then some: ``client/base_client.py::ReadyPoll``), with a line now and then; the wait is
+   not counted in the run's tokens/s. Its tokenizer hash and vocab size must match the prepared
+   ``meta.json`` (a dataset tokenized for another model would train a useless draft).
+2. ``open``: the features directory (``FeaturesWriter.open``): a new one gets ``features.json``; an
+   old one must hold the same model (``ModelIdentity``: model, revision by content, layers, sizes,
+   tokenizer), its torn manifest tail and orphans are removed, and the sample ids already recorded are
+   skipped. Then the prepared samples still to do are scanned: token ids in range, none over the
+   server's limits, free disk for all of them.
+3. ``write_all``: a ``SampleFetcher`` (``client/fetch.py``: requests cut once, ``requests_per_server``
+   threads per URL, retries and failover, a byte budget; every other server's ``/v1/info`` read once
+   and checked against the same identity) yields decoded samples; this thread appends them to shards
+   in arrival order.
 
 Ctrl-C (and SIGTERM under the CLI) stops the workers, writes the complete samples already received
 as a last shard, and leaves a directory that the same command resumes. A SIGKILL loses at most the
@@ -22,8 +26,6 @@ writes shard k while this thread fills shard k+1).
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,18 +33,11 @@ from pathlib import Path
 
 import httpx
 
-from eagle3.client.buffer_pool import BufferPool
-from eagle3.client.errors import (
-    FeaturesWriteError,
-    IncompatibleError,
-    NoServerAvailableError,
-    SampleFailure,
-    ServiceUnavailableError,
-)
-from eagle3.client.extract_work import BatchSource, ByteBudget, ServerWorker, cut_batches
+from eagle3.client.errors import FeaturesWriteError, IncompatibleError, SampleFailure, ServiceUnavailableError
+from eagle3.client.fetch import FetchSettings, SampleFetcher
 from eagle3.client.progress import Progress
 from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient
-from eagle3.core.features_writer import DEFAULT_SHARD_MB, IDENTITY_FIELDS, FeaturesWriter, check_free_disk
+from eagle3.core.features_writer import DEFAULT_SHARD_MB, FeaturesWriter, check_free_disk
 from eagle3.core.protocol.features import SHARDS_DIR, FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedMeta, PreparedSample, iter_prepared, read_meta
 from eagle3.core.protocol.wire import ServerInfo
@@ -66,7 +61,9 @@ class ExtractConfig:
     limit: int | None = None  # only the first N prepared samples
     verify: bool = False  # checksum (xxh3-128, or sha256 in old manifests) of every recorded shard first
     check_disk: bool = True
-    wait_ready_s: float = 0.0  # wait this long for a loading server before failing
+    # a server still loading: None waits as long as the server expects its load to take and then some
+    # (ReadyPoll; 30 min when it has no estimate); N > 0 waits up to N s; 0 does not wait
+    wait_ready_s: float | None = None
     progress: bool | None = None  # None: a tqdm bar on a terminal or in Jupyter, a log line every 30 s otherwise
 
 
@@ -81,7 +78,8 @@ class ExtractSummary:
     bytes_written: int = 0
     bytes_on_disk: int = 0  # all shards of the directory
     wire_bytes: int = 0
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # from the first /v1/info answer to the end: the wait for a loading server is not in it
+    wait_s: float = 0.0  # waiting for a server still loading its model
     # seconds per client stage: receive/verify/decode summed over the request threads, write on the writer's
     stage_s: dict[str, float] = field(default_factory=dict)
 
@@ -92,7 +90,8 @@ class ExtractSummary:
     def format_text(self) -> str:
         lines = [
             f"samples   {self.n_samples} extracted, {self.n_skipped} already done, {self.n_failed} failed",
-            f"tokens    {self.n_tokens:,} in {self.wall_s:.1f} s ({self.tokens_per_s:,.0f} tokens/s)",
+            f"tokens    {self.n_tokens:,} in {self.wall_s:.1f} s ({self.tokens_per_s:,.0f} tokens/s)"
+            + (f", after {self.wait_s:.0f} s waiting for the server to load" if self.wait_s >= 1 else ""),
             f"disk      {self.bytes_written / 1e6:,.1f} MB written, "
             f"{self.bytes_on_disk / 1e6:,.1f} MB in {self.out_dir}",
             f"wire      {self.wire_bytes / 1e6:,.1f} MB received"
@@ -106,15 +105,10 @@ FRAMES_IN_FLIGHT_BYTES = 64 << 20  # the buffer pool's room for frames being rec
 
 
 def features_meta(info: ServerInfo, prepared_dir: Path, n_samples_total: int) -> FeaturesMeta:
+    """What ``features.json`` records: the server's model identity, the dtype on disk and the dataset."""
     return FeaturesMeta(
-        model_id=info.model_id,
-        revision=info.revision,
-        aux_layer_ids=info.aux_layer_ids,
-        final_layer_id=info.final_layer_id,
-        hidden_size=info.hidden_size,
-        vocab_size=info.vocab_size,
+        **info.identity.as_fields(),
         dtype="bfloat16",
-        tokenizer_sha256=info.tokenizer_sha256,
         prepared_dir=str(prepared_dir.resolve()),
         n_samples_total=n_samples_total,
     )
@@ -144,194 +138,194 @@ def extract_dataset(
     sleep: Callable[[float], None] = time.sleep,
 ) -> ExtractSummary:
     """Extract every sample of ``prepared_dir`` not yet in ``out_dir``; see the module docstring."""
-    config = config or ExtractConfig()
-    prepared_dir, out_dir = Path(prepared_dir), Path(out_dir)
-    url_list = [urls] if isinstance(urls, str) else list(urls)
-    started = time.monotonic()
-    prepared = read_meta(prepared_dir)
-
-    with ExtractionClient(url_list, api_key, timeout_s=config.timeout_s, max_retries=config.max_retries,
-                          transport=transport, sleep=sleep) as probe:  # fmt: skip
-        if config.wait_ready_s > 0:
-            probe.wait_until_ready(config.wait_ready_s, report=logger.info)
-        else:
-            loading = probe.loading_state()
-            if loading is not None:
-                logger.warning(
-                    "%s is not ready (%s); trying for about %d s. For a verifier that loads longer, pass "
-                    "--wait-ready-s SECONDS (ExtractConfig.wait_ready_s), e.g. --wait-ready-s 3600",
-                    probe.url, loading, config.max_retries * LOADING_RETRY_AFTER_S,
-                )  # fmt: skip
-        try:
-            info = probe.info()
-        except ServiceUnavailableError as exc:
-            if exc.reason != "loading":
-                raise
-            raise ServiceUnavailableError(
-                f"{exc} -- the server is still loading its model: rerun with --wait-ready-s SECONDS "
-                "(e.g. 3600) to wait for it",
-                status_code=exc.status_code, url=exc.url, type=exc.type, reason=exc.reason,
-                request_id=exc.request_id, retry_after_s=exc.retry_after_s,
-            ) from None  # fmt: skip
-    check_prepared(prepared, info, prepared_dir)
-    # pass 1 of 2 over samples.jsonl: validate every sample, keep only (id, length, source)
-    scanned = [(s.sample_id, s.n_tokens, s.source) for s in _limited(prepared_dir, config.limit, info.vocab_size)]
-    meta = features_meta(info, prepared_dir, len(scanned))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    writer = FeaturesWriter.open(out_dir, meta, shard_mb=config.shard_mb, verify=config.verify, background=True)
-
+    run = _ExtractRun(
+        Path(prepared_dir),
+        Path(out_dir),
+        [urls] if isinstance(urls, str) else list(urls),
+        api_key,
+        config or ExtractConfig(),
+        transport,
+        sleep,
+    )
+    run.connect()
+    run.open()
     try:  # the directory stays locked until the run ends (FeaturesWriter.open)
-        max_request_tokens = min(config.request_tokens, info.limit("max_request_tokens", config.request_tokens))
-        longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
-        n_todo, n_tokens_todo, n_skipped = 0, 0, 0
-        for sample_id, n_tokens, source in scanned:
-            if sample_id in writer.done_ids:
-                n_skipped += 1
-                continue
-            if n_tokens > longest:
-                raise IncompatibleError(
-                    f"sample {sample_id!r} ({source}) has {n_tokens} tokens, over the server's "
-                    f"limit of {longest}; re-run eagle3 prepare with --max-length {longest}"
-                )
-            n_todo += 1
-            n_tokens_todo += n_tokens
-        if config.check_disk and n_tokens_todo:
-            check_free_disk(out_dir, n_tokens_todo, meta, config.shard_mb)
-        logger.info("%d samples (%d tokens) to extract, %d already done", n_todo, n_tokens_todo, n_skipped)
-
-        summary = ExtractSummary(str(out_dir), n_skipped=n_skipped)
-        batches = cut_batches(  # pass 2: the samples themselves, streamed
-            _todo(prepared_dir, config.limit, set(writer.done_ids)),
-            max_request_tokens,
-            info.limit("max_body_bytes", 1 << 40),
-        )
-        _run(writer, batches, url_list, api_key, config, meta, n_todo, n_tokens_todo, summary, transport, sleep)
-        summary.wall_s = time.monotonic() - started
-        summary.bytes_on_disk = sum(p.stat().st_size for p in (out_dir / SHARDS_DIR).iterdir())
-        return summary
+        run.write_all()
+        return run.summary
     finally:
-        writer.release()
+        run.writer.release()
 
 
-def _run(
-    writer: FeaturesWriter,
-    batches: Iterator[list[PreparedSample]],
-    urls: list[str],
-    api_key: str | None,
-    config: ExtractConfig,
-    meta: FeaturesMeta,
-    n_todo: int,
-    n_tokens_todo: int,
-    summary: ExtractSummary,
-    transport: httpx.BaseTransport | None,
-    sleep: Callable[[float], None],
-) -> None:
-    source = BatchSource(batches)
-    results: queue.Queue[ExtractedSample | SampleFailure] = queue.Queue()
-    budget = ByteBudget(config.buffer_mb << 20)
-    stop = threading.Event()
+@dataclass
+class _ExtractRun:
+    """One ``extract_dataset`` call: ``connect``, ``open``, ``write_all`` (the module docstring)."""
 
-    def check_info(info: ServerInfo) -> None:
-        for name in IDENTITY_FIELDS:
-            if getattr(meta, name) != getattr(info, name):
-                raise IncompatibleError(
-                    f"{info.url} serves {name}={getattr(info, name)!r}, not {getattr(meta, name)!r}"
-                )
+    prepared_dir: Path
+    out_dir: Path
+    urls: list[str]
+    api_key: str | None
+    config: ExtractConfig
+    transport: httpx.BaseTransport | None
+    sleep: Callable[[float], None]
 
-    if config.requests_per_server < 1:
-        raise ValueError(f"requests_per_server must be at least 1, got {config.requests_per_server}")
-    # one pool for every request thread: a sample's buffer comes back once the writer has written it and let
-    # go of it (client/buffer_pool.py). In flight at most: the byte budget's samples, the writer's shard being
-    # filled and the one being written (it keeps their arrays until then), and the frames being received.
-    pool_bytes = (config.buffer_mb << 20) + 2 * int(config.shard_mb * 2**20) + FRAMES_IN_FLIGHT_BYTES
-    pool = BufferPool(pool_bytes) if config.recycle_buffers else None
-    clients = [
-        ExtractionClient(
-            url,
-            api_key,
+    def __post_init__(self) -> None:
+        self.prepared = read_meta(self.prepared_dir)
+        self.summary = ExtractSummary(str(self.out_dir))
+
+    def connect(self) -> None:
+        """``self.info``: the first answering server's ``/v1/info``, once it is loaded (``wait_ready_s``)."""
+        config, waiting_since = self.config, time.monotonic()
+        with ExtractionClient(
+            self.urls,
+            self.api_key,
             timeout_s=config.timeout_s,
-            max_retries=1,
-            transport=transport,
-            sleep=sleep,
-            cache=config.cache,
-            buffer_pool=pool,
-            max_in_flight_requests=1,  # one batch = one request here: requests_per_server is the concurrency
-        )  # fmt: skip
-        for url in urls
-        for _ in range(config.requests_per_server)
-    ]
-    workers = [
-        ServerWorker(
-            c,
-            source,
-            results,
-            budget,
-            stop,
-            codec=config.codec,
-            max_failures=config.max_retries,
-            check_info=check_info,
-            sleep=sleep,
-        )  # fmt: skip
-        for c in clients
-    ]
-    progress = Progress(n_todo, n_tokens_todo, enabled=config.progress)
-    flush_on_exit = True
-    write_s = 0.0
-    try:
-        for worker in workers:
-            worker.start()
-        while True:
+            max_retries=config.max_retries,
+            transport=self.transport,
+            sleep=self.sleep,
+        ) as probe:
+            loading = probe.loading_state() if not config.wait_ready_s else None
+            if config.wait_ready_s or (config.wait_ready_s is None and loading is not None):
+                probe.wait_until_ready(config.wait_ready_s, report=logger.info)  # None: the server's own estimate
+            elif loading is not None:
+                logger.warning(
+                    "%s is not ready (%s); trying for about %d s (--wait-ready-s 0). Without --wait-ready-s, "
+                    "eagle3 extract waits as long as the server expects to load",
+                    probe.url,
+                    loading,
+                    config.max_retries * LOADING_RETRY_AFTER_S,
+                )
+            self.summary.wait_s = time.monotonic() - waiting_since
+            self.started = time.monotonic()  # tokens/s counts from here: the wait is not in it
             try:
-                item = results.get(timeout=0.1)
-            except queue.Empty:
-                item = None
-            if isinstance(item, ExtractedSample):
-                started = time.perf_counter()
-                writer.add(item)
-                write_s += time.perf_counter() - started
-                budget.release(item.hidden_states_bf16.nbytes)
-                summary.n_samples += 1
-                summary.n_tokens += item.n_tokens
-                progress.update(1, item.n_tokens, sum(c.wire_bytes for c in clients))
-            elif item is not None:
-                summary.n_failed += 1
-                if len(summary.failures) < 20:
-                    summary.failures.append(item)
-                logger.warning("sample %r failed: %s: %s", item.sample_id, item.type, item.message)
-            if item is None:
-                fatal = next((w.fatal for w in workers if w.fatal is not None), None)
-                if fatal is not None:
-                    raise fatal
-                if source.finished and results.empty():
-                    break
-                if all(w.gave_up or not w.is_alive() for w in workers) and results.empty():
-                    errors = "; ".join(f"{w.client.url}: {w.last_error}" for w in workers)
-                    raise NoServerAvailableError(
-                        f"every server failed {config.max_retries + 1} times in a row ({errors})"
-                    )
-    except FeaturesWriteError:
-        flush_on_exit = False  # the disk is full: keep what the manifest has
-        raise
-    finally:
-        stop.set()
-        started = time.perf_counter()
+                self.info = probe.info()
+            except ServiceUnavailableError as exc:
+                if exc.reason != "loading":
+                    raise
+                raise ServiceUnavailableError(
+                    f"{exc} -- the server is still loading its model: rerun without --wait-ready-s (it then "
+                    "waits as long as the server expects to load) or with --wait-ready-s SECONDS (e.g. 3600)",
+                    status_code=exc.status_code,
+                    url=exc.url,
+                    type=exc.type,
+                    reason=exc.reason,
+                    request_id=exc.request_id,
+                    retry_after_s=exc.retry_after_s,
+                ) from None
+        check_prepared(self.prepared, self.info, self.prepared_dir)
+
+    def open(self) -> None:
+        """Scan the prepared samples, open (or resume) the features directory, check limits and disk."""
+        config, info = self.config, self.info
+        # pass 1 of 2 over samples.jsonl: validate every sample, keep only (id, length, source)
+        scanned = [
+            (s.sample_id, s.n_tokens, s.source) for s in _limited(self.prepared_dir, config.limit, info.vocab_size)
+        ]
+        self.meta = features_meta(info, self.prepared_dir, len(scanned))
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = FeaturesWriter.open(
+            self.out_dir, self.meta, shard_mb=config.shard_mb, verify=config.verify, background=True
+        )
         try:
-            if flush_on_exit:
-                writer.flush()  # complete samples received so far: on disk, not lost
-        except FeaturesWriteError as exc:
-            logger.error("%s", exc)
+            longest = min(info.max_model_len, info.limit("max_request_tokens", info.max_model_len))
+            self.n_todo = self.n_tokens_todo = 0
+            for sample_id, n_tokens, source in scanned:
+                if sample_id in self.writer.done_ids:
+                    self.summary.n_skipped += 1
+                    continue
+                if n_tokens > longest:
+                    raise IncompatibleError(
+                        f"sample {sample_id!r} ({source}) has {n_tokens} tokens, over the server's "
+                        f"limit of {longest}; re-run eagle3 prepare with --max-length {longest}"
+                    )
+                self.n_todo += 1
+                self.n_tokens_todo += n_tokens
+            if config.check_disk and self.n_tokens_todo:
+                check_free_disk(self.out_dir, self.n_tokens_todo, self.meta, config.shard_mb)
+        except BaseException:
+            self.writer.release()
+            raise
+        logger.info(
+            "%d samples (%d tokens) to extract, %d already done",
+            self.n_todo,
+            self.n_tokens_todo,
+            self.summary.n_skipped,
+        )
+
+    def fetcher(self) -> SampleFetcher:
+        config = self.config
+        # one pool for every request thread: a sample's buffer comes back once the writer has written it and
+        # let go of it (client/buffer_pool.py). In flight at most: the byte budget's samples, the writer's
+        # shard being filled and the one being written (it keeps their arrays until then), and the frames
+        # being received.
+        pool_bytes = (config.buffer_mb << 20) + 2 * int(config.shard_mb * 2**20) + FRAMES_IN_FLIGHT_BYTES
+        settings = FetchSettings(
+            codec=config.codec,
+            cache=config.cache,
+            request_tokens=config.request_tokens,
+            requests_per_server=config.requests_per_server,
+            buffer_bytes=config.buffer_mb << 20,
+            pool_bytes=pool_bytes if config.recycle_buffers else 0,
+            max_retries=config.max_retries,
+            timeout_s=config.timeout_s,
+        )
+        todo = _todo(self.prepared_dir, config.limit, set(self.writer.done_ids))  # pass 2: the samples, streamed
+        return SampleFetcher(
+            self.urls,
+            self.api_key,
+            self.meta.identity,
+            todo,
+            settings,
+            known=[self.info],
+            transport=self.transport,
+            sleep=self.sleep,
+        )
+
+    def write_all(self) -> None:
+        """Every sample the fetcher yields into the directory; on any exit, what arrived is flushed (unless
+        the disk is what failed) and the summary completed."""
+        summary, writer = self.summary, self.writer
+        fetcher = self.fetcher()
+        progress = Progress(self.n_todo, self.n_tokens_todo, enabled=self.config.progress)
+        flush_on_exit = True
+        write_s = 0.0
+        try:
+            for item in fetcher:
+                if isinstance(item, ExtractedSample):
+                    started = time.perf_counter()
+                    writer.add(item)
+                    write_s += time.perf_counter() - started
+                    fetcher.release(item)
+                    summary.n_samples += 1
+                    summary.n_tokens += item.n_tokens
+                    progress.update(1, item.n_tokens, fetcher.wire_bytes)
+                else:
+                    self._failed(item)
+        except FeaturesWriteError:
+            flush_on_exit = False  # the disk is full: keep what the manifest has
+            raise
         finally:
-            writer.shutdown()
-        write_s += time.perf_counter() - started
-        summary.bytes_written = writer.bytes_written
-        summary.wire_bytes = sum(c.wire_bytes for c in clients)
-        summary.stage_s = {k: sum(c.stage_s[k] for c in clients) for k in ("receive", "verify", "decode")}
-        summary.stage_s["write"] = write_s
-        progress.close()
-        for worker in workers:
-            worker.join(timeout=2.0)
-        for c in clients:
-            c.close()
+            fetcher.stop.set()
+            started = time.perf_counter()
+            try:
+                if flush_on_exit:
+                    writer.flush()  # complete samples received so far: on disk, not lost
+            except FeaturesWriteError as exc:
+                logger.error("%s", exc)
+            finally:
+                writer.shutdown()
+            summary.stage_s = {**fetcher.stage_s, "write": write_s + time.perf_counter() - started}
+            summary.bytes_written = writer.bytes_written
+            summary.wire_bytes = fetcher.wire_bytes
+            progress.close()
+            fetcher.close()
+            summary.wall_s = time.monotonic() - self.started
+            summary.bytes_on_disk = sum(p.stat().st_size for p in (self.out_dir / SHARDS_DIR).iterdir())
+
+    def _failed(self, failure: SampleFailure) -> None:
+        self.summary.n_failed += 1
+        if len(self.summary.failures) < 20:
+            self.summary.failures.append(failure)
+        logger.warning("sample %r failed: %s: %s", failure.sample_id, failure.type, failure.message)
 
 
 def _limited(prepared_dir: Path, limit: int | None, vocab_size: int | None = None) -> Iterator[PreparedSample]:

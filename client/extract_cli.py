@@ -50,7 +50,13 @@ def add_extract_command(sub: Any) -> None:
         "--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="failures in a row before a server is given up"
     )
     p.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S, help="read timeout per request")
-    p.add_argument("--wait-ready-s", type=float, default=0.0, help="wait this long for a server still loading")
+    p.add_argument(
+        "--wait-ready-s",
+        type=float,
+        default=None,
+        help="wait up to this long for a server still loading (default: as long as the server expects its "
+        "load to take, and then some; 0: do not wait)",
+    )
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N prepared samples")
     p.add_argument("--verify", action="store_true", help="check the checksum of every shard already written first")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

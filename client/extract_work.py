@@ -17,7 +17,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from eagle3.client.errors import APIError, Eagle3Error, SampleFailure
 from eagle3.client.request_samples import consecutive_runs, request_token_cap
@@ -105,7 +104,7 @@ class ServerWorker(threading.Thread):
         *,
         codec: str | None,
         max_failures: int,
-        check_info: Callable[[Any], None],
+        adopt_info: Callable[[ExtractionClient], None],
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(name=f"extract-{client.url}", daemon=True)
@@ -116,7 +115,7 @@ class ServerWorker(threading.Thread):
         self.stop = stop
         self.codec = codec
         self.max_failures = max_failures
-        self.check_info = check_info
+        self.adopt_info = adopt_info  # gives the client its server's /v1/info, checked (client/fetch.py)
         self.sleep = sleep
         self.failures = 0  # in a row
         self.last_error: Exception | None = None
@@ -135,7 +134,7 @@ class ServerWorker(threading.Thread):
             leftover = {s.sample_id: s for s in batch}
             try:
                 if not self._checked:
-                    self.check_info(self.client.info())
+                    self.adopt_info(self.client)
                     self._checked = True
                 for item in self.client.extract_stream(list(leftover.values()), self.codec):
                     if isinstance(item, ExtractedSample) and not self.budget.acquire(

@@ -157,7 +157,7 @@ class ExtractionClient(BaseClient):
 
     def wait_until_ready(
         self,
-        timeout_s: float = 1800.0,
+        timeout_s: float | None = 1800.0,
         poll_s: float = 2.0,
         *,
         report: Callable[[str], None] | None = None,
@@ -165,7 +165,8 @@ class ExtractionClient(BaseClient):
     ) -> None:
         """Block until some server of the list answers ``/readyz`` 200 (a large verifier loads for minutes).
         ``report`` gets a line (phase, elapsed, the server's expected load time) at once and then every
-        ``report_every_s``: a long wait is never silent."""
+        ``report_every_s``: a long wait is never silent. ``timeout_s=None``: as long as the server itself
+        expects to load and then some (``ReadyPoll``)."""
         poll = ReadyPoll(timeout_s, report, report_every_s)
         while True:
             for index, url in enumerate(self.urls):
@@ -258,7 +259,7 @@ class ExtractionClient(BaseClient):
                 if resp.status_code != 200:
                     resp.read()
                     raise response_status_error(resp, url)
-                yield from read_stream(resp, url, requests, self._layout.get(url), self.counters, self._allocate)
+                yield from read_stream(resp, url, requests, self._identity.get(url), self.counters, self._allocate)
         except TRANSPORT_ERRORS as exc:
             raise transport_error(exc, url, request_id) from None
 

@@ -5,7 +5,8 @@ requested sample, decodes within its declared ``raw_bytes`` (bounded by the stre
 ``max_payload_bytes``), holds exactly ``hidden_states BF16 [m, L, H]``, ``input_ids I32 [m]`` and
 ``loss_mask U8 [m]`` for its token range, and continues its sample where the last chunk stopped; the
 final chunk completes the sample at ``n_tokens``; token-id samples come back with the ids we sent;
-the HEADER's layer ids and hidden size equal ``/v1/info``'s when the caller knows them (``expect``);
+the HEADER's model identity (``ModelIdentity``: model, revision, layers, sizes, tokenizer) equals
+``/v1/info``'s when the caller knows it (``expect``);
 END's counts equal what was received and every requested sample was answered.
 
 Every meta is read through its typed wire object (``eagle3.core.protocol.wire``): malformed meta from
@@ -29,6 +30,7 @@ from eagle3.core.protocol.frames import (
     FrameType,
     ProtocolError,
 )
+from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, SampleErrorMeta, StreamHeader
 from eagle3.core.sample import ExtractedSample, NDArray
 
@@ -44,12 +46,12 @@ class StreamAssembler:
         url: str,
         requests: list[dict[str, Any]],
         decoder: FrameDecoder | None = None,
-        expect: dict[str, Any] | None = None,
+        expect: ModelIdentity | None = None,
         allocate: Allocate | None = None,
     ) -> None:
         self.url = url
         self.allocate = allocate  # n_bytes -> uint8 array for a multi-frame sample's states (None: numpy.empty)
-        self.expect = expect  # {aux_layer_ids, final_layer_id, hidden_size} from /v1/info, when known
+        self.expect = expect  # the model /v1/info described, when known: every HEADER must describe the same
         self._counts = {"n_frames": 0, "n_samples": 0, "n_failed": 0, "n_tokens": 0}
         self.expected_ids = {r["id"]: r.get("input_ids") for r in requests}
         self.decoder = decoder
@@ -122,15 +124,12 @@ class StreamAssembler:
             raise self._fail(f"HEADER dtype {header.dtype!r}; this client reads bfloat16")
         if header.final_norm_applied:
             raise self._fail("HEADER says final_norm_applied=true; EAGLE-3 needs the pre-norm final state")
-        if self.expect is not None:
-            got = {"aux_layer_ids": list(self.aux_layer_ids), "final_layer_id": self.final_layer_id,
-                   "hidden_size": self.hidden_size}  # fmt: skip
-            want = {k: (list(v) if k == "aux_layer_ids" else v) for k, v in self.expect.items() if k in got}
-            if any(got[k] != want[k] for k in want):
-                raise IncompatibleError(
-                    f"{self.url}: the stream's HEADER says {got}, /v1/info said {want}: the server changed "
-                    "between the two (another model behind the same URL?)"
-                )
+        difference = self.expect.diff(header.identity) if self.expect is not None else ""
+        if difference:
+            raise IncompatibleError(
+                f"{self.url}: the stream's HEADER differs from what /v1/info said ({difference}): the server changed "
+                "between the two (another model behind the same URL?)"
+            )
         self.max_raw_bytes = min(header.max_payload_bytes, DEFAULT_MAX_PAYLOAD_BYTES) + RAW_SLACK_BYTES
         if self.decoder is not None:
             self.decoder.max_payload_bytes = self.max_raw_bytes  # compressed is never larger than raw+slack

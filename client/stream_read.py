@@ -28,6 +28,7 @@ from eagle3.client.errors import SampleFailure, StreamError
 from eagle3.client.stream import StreamAssembler
 from eagle3.core.checksum import crc32
 from eagle3.core.protocol.frames import CONTENT_TYPE, Allocate, FrameDecoder
+from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.sample import ExtractedSample, NDArray
 
 Outcome = ExtractedSample | SampleFailure
@@ -66,7 +67,7 @@ class StreamReader:
         resp: httpx.Response,
         url: str,
         requests: list[dict[str, Any]],
-        expect: dict[str, Any] | None,
+        expect: ModelIdentity | None,
         counters: StreamCounters,
         allocate: Allocate | None = None,
     ) -> None:
@@ -99,7 +100,7 @@ def read_stream(
     resp: httpx.Response,
     url: str,
     requests: list[dict[str, Any]],
-    expect: dict[str, Any] | None,
+    expect: ModelIdentity | None,
     counters: StreamCounters,
     allocate: Allocate | None = None,
 ) -> Iterator[Outcome]:
@@ -123,7 +124,7 @@ async def aread_stream(
     resp: httpx.Response,
     url: str,
     requests: list[dict[str, Any]],
-    expect: dict[str, Any] | None,
+    expect: ModelIdentity | None,
     counters: StreamCounters,
     allocate: Allocate | None = None,
 ) -> AsyncIterator[Outcome]:

@@ -53,8 +53,6 @@ from eagle3.core.shard_files import ShardFile, fsync_dir, shard_checksum_ok, wri
 logger = logging.getLogger(__name__)
 
 DEFAULT_SHARD_MB = 256
-# fields that must agree between an existing features.json and the server now filling it
-IDENTITY_FIELDS = ("model_id", "revision", "aux_layer_ids", "final_layer_id", "hidden_size", "tokenizer_sha256")
 DISK_OVERHEAD_BYTES = 64 << 20  # headers, manifest, one shard's .tmp slack
 HEADER_RESERVE_MAX_BYTES = 1 << 20  # background writer: safetensors header room per shard (~10k sample ids)
 
@@ -190,13 +188,13 @@ class FeaturesWriter:
                 path.unlink()
 
     def _check_identity(self, existing: FeaturesMeta) -> None:
-        for name in IDENTITY_FIELDS:
-            old, new = getattr(existing, name), getattr(self.meta, name)
-            if old != new:
-                raise IncompatibleError(
-                    f"{self.dir} holds features of {name}={old!r} but the server has {name}={new!r}; "
-                    "use a new --out directory or the server that made these features"
-                )
+        """The directory's model (``features.json``) must be the server's (``ModelIdentity``: any field)."""
+        difference = existing.identity.diff(self.meta.identity)
+        if difference:
+            raise IncompatibleError(
+                f"{self.dir} holds features of another model than the server's ({difference}; this "
+                "directory -> the server); use a new --out directory or the server that made these features"
+            )
 
     def _repair_manifest_tail(self) -> None:
         """Cut a torn last line (a crash mid-append) so the next append starts on a fresh line."""

@@ -1,17 +1,22 @@
-"""What a checkpoint is: its text config and the identity of its tokenizer.
+"""What a checkpoint is: its text config, the identity of its tokenizer and of its weights.
 
 Both sides check identity against these: prepare records ``tokenizer_sha256`` in ``meta.json``, the
 server reports it on ``/v1/info``, and ``extract`` refuses a prepared directory whose hash differs.
 Multimodal and MoE checkpoints nest the language model's settings under ``text_config``;
 ``model_config`` returns that part wherever it is, so layer counts and sizes are read one way.
+``checkpoint_revision`` names the weights by content (the revision on ``/v1/info``, in the feature
+cache's namespace and in a features directory's ``features.json``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
+
+from eagle3.core.file_digests import FileDigests
 
 # Hashed first, in this order (the hash of a directory holding only these is what it always was).
 _TOKENIZER_FILES = (
@@ -76,12 +81,24 @@ def tokenizer_sha256(model_dir: Path) -> str:
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+REVISION_FORMAT = "content-v1"  # hashed first: a revision of this kind never equals one of names and sizes only
 
 
-def checkpoint_revision(model_dir: Path) -> str:
-    """sha256 over config.json and the weight files' names and sizes (cheap: no weight bytes read)."""
-    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
-            digest.update(f"\0{path.name}\0{path.stat().st_size}".encode())
+def weight_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's weight files and their indexes, sorted by name."""
+    return [p for p in sorted(model_dir.iterdir()) if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)]
+
+
+def checkpoint_revision(
+    model_dir: Path, digests: FileDigests | None = None, stop: threading.Event | None = None
+) -> str:
+    """sha256 over config.json and each weight file's name, size and content digest
+    (``core/file_digests.py``: xxh3-128 of its bytes, computed once per file and remembered in eagle3's
+    cache directory, or the hub's own sha256 of a snapshot's blob). So a fine-tuned copy with the same
+    file sizes has another revision, and a restart of an unchanged checkpoint reads no weight byte."""
+    digests = digests or FileDigests()
+    digest = hashlib.sha256(REVISION_FORMAT.encode() + b"\0" + (model_dir / "config.json").read_bytes())
+    for path in weight_files(model_dir):
+        content = digests.digest(path, stop)
+        digest.update(f"\0{path.name}\0{path.stat().st_size}\0{content}".encode())
     return digest.hexdigest()

@@ -1,8 +1,9 @@
 """A content-addressed cache of extracted samples (``--cache-memory-mb``, ``--cache-dir``, ``--cache-gb``).
 
-Key: xxh3-128 of the *namespace* (everything about the server that determines the bytes: checkpoint
-id and revision, backend and its package versions, device, dtype, layer ids, hidden size and the
-engine settings that change numerics, ``cache_namespace``) followed by the sample's token ids as
+Key: xxh3-128 of the *namespace* (everything about the server that determines the bytes: the model
+identity (``ModelIdentity``: checkpoint id, its revision by the weights' content, layer ids, sizes,
+tokenizer), backend and its package versions, device, dtype and the engine settings that change
+numerics, ``cache_namespace``) followed by the sample's token ids as
 int32. The token ids are stored with the states and compared on every hit, so a hash collision is a
 miss, never another sample's states.
 
@@ -71,16 +72,12 @@ def cache_namespace(info: BackendInfo, engine: dict[str, Any]) -> bytes:
     """16 bytes naming everything but the token ids that determines a sample's states; ``engine``:
     the settings of this server that can change numerics (tensor parallel size, vLLM compile, ...)."""
     fields = {
-        "format": 1,
-        "model_id": info.model_id,
-        "revision": info.revision,
+        "format": 2,  # 2: the whole model identity, its revision by content (core/identity.py)
+        **info.identity.as_fields(),
         "backend": info.backend,
         "versions": package_versions(info.backend),
         "device": info.device,
         "dtype": info.dtype,
-        "aux_layer_ids": list(info.aux_layer_ids),
-        "final_layer_id": info.final_layer_id,
-        "hidden_size": info.hidden_size,
         "engine": engine,
     }
     return xxhash.xxh3_128_digest(json.dumps(fields, sort_keys=True, default=str).encode())

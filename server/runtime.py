@@ -287,18 +287,12 @@ class Runtime:
         info, s = self.info, self.settings
         assert info is not None
         return ServerInfo(
-            model_id=info.model_id,
-            revision=info.revision,
+            **info.identity.as_fields(),
             backend=info.backend,
             device=info.device,
             dtype=info.dtype,
             num_hidden_layers=info.num_hidden_layers,
-            aux_layer_ids=info.aux_layer_ids,
-            final_layer_id=info.final_layer_id,
-            hidden_size=info.hidden_size,
-            vocab_size=info.vocab_size,
             max_model_len=info.max_model_len,
-            tokenizer_sha256=info.tokenizer_sha256,
             chat_template=self.chat is not None,
             codecs=REQUEST_CODECS,
             default_codec=s.default_codec,

@@ -57,13 +57,7 @@ def stream_header(
     """The HEADER frame's meta (docs/protocol.md): what every DATA frame of the stream holds."""
     return StreamHeader(
         request_id=request_id,
-        model_id=info.model_id,
-        revision=info.revision,
-        aux_layer_ids=info.aux_layer_ids,
-        final_layer_id=info.final_layer_id,
-        hidden_size=info.hidden_size,
-        vocab_size=info.vocab_size,
-        tokenizer_sha256=info.tokenizer_sha256,
+        **info.identity.as_fields(),
         n_samples=n_samples,
         n_tokens=n_tokens,
         max_payload_bytes=max_payload_bytes,

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.protocol.model_identity import ModelIdentity
+
 FEATURES_SCHEMA_VERSION = 1
 FEATURES_META_FILE = "features.json"
 MANIFEST_FILE = "manifest.jsonl"
@@ -52,7 +54,7 @@ class FeaturesFormatError(ValueError):
 @dataclass(frozen=True)
 class FeaturesMeta:
     model_id: str  # what the server calls its verifier (a name or a path)
-    revision: str  # checkpoint identity: sha256 of the weights index / config, from /v1/info
+    revision: str  # checkpoint identity by content (core/identity.py::checkpoint_revision), from /v1/info
     aux_layer_ids: tuple[int, ...]  # vLLM semantics; the final state is the extra last layer
     final_layer_id: int  # = number of decoder layers N
     hidden_size: int
@@ -67,6 +69,10 @@ class FeaturesMeta:
     @property
     def n_layers_stored(self) -> int:
         return len(self.aux_layer_ids) + 1
+
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity.of(self)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

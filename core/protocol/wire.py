@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from eagle3.core.protocol.frames import CODEC_NAMES, PROTOCOL_VERSION, ProtocolError
+from eagle3.core.protocol.model_identity import ModelIdentity
 
 T = TypeVar("T", bound="WireObject")
 
@@ -146,6 +147,10 @@ class StreamHeader(WireObject):
     def n_layers_out(self) -> int:
         return len(self.aux_layer_ids) + 1
 
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity.of(self)
+
 
 @dataclass(frozen=True)
 class DataMeta(WireObject):
@@ -225,6 +230,10 @@ class ServerInfo(WireObject):
     can_generate: bool = False  # POST /v1/generate is served (core/protocol/generate.py)
     stop_token_ids: tuple[int, ...] = ()  # /v1/generate's default end of turn
     url: str = field(default="", metadata={"local": True})  # where the SDK asked; not on the wire
+
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity.of(self)
 
     @property
     def cache_on(self) -> bool:

@@ -38,6 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from eagle3.core.protocol.model_identity import ModelIdentity
+
 if TYPE_CHECKING:
     import torch
 
@@ -100,7 +102,7 @@ class BackendConfig:
 @dataclass(frozen=True)
 class BackendInfo:
     model_id: str
-    revision: str  # sha256 over the checkpoint's config.json and weight index/file names+sizes
+    revision: str  # sha256 over config.json and the weight files' names, sizes and content digests
     model_dir: str
     num_hidden_layers: int  # N
     hidden_size: int
@@ -115,6 +117,10 @@ class BackendInfo:
     @property
     def final_layer_id(self) -> int:
         return self.num_hidden_layers
+
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity.of(self)
 
     @property
     def n_layers_out(self) -> int:

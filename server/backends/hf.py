@@ -103,7 +103,7 @@ class HfBackend:
         self.device = torch.device(device)
         self._install_hooks(ckpt.aux_layer_ids, ckpt.num_hidden_layers)
         vocab_rows = int(self.model.get_input_embeddings().weight.shape[0])
-        self.info = backend_info(ckpt, self.config, self.name, device, vocab_size=vocab_rows)
+        self.info = backend_info(ckpt, self.config, self.name, device, vocab_size=vocab_rows, progress=progress)
         if is_dummy(self.config.model):
             revision = dummy_revision(self.config.model, vocab_rows)
             self.info = dataclasses.replace(self.info, model_id=self.config.model, revision=revision)

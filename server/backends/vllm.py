@@ -247,7 +247,7 @@ class VllmBackend:
         try:
             with PhaseWatcher(phase_log, self.engine_phases) if phase_log else contextlib.nullcontext():
                 self.llm = vllm.LLM(**kwargs)
-            self.info = backend_info(ckpt, self.config, self.name, device)
+            self.info = backend_info(ckpt, self.config, self.name, device, progress=progress)
             progress("warming up", 0.95)
             self.extract([[0] * min(8, max_model_len)])
         except Exception as exc:

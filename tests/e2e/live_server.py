@@ -3,7 +3,8 @@
 ``LiveServer(args, api_keys=...)`` starts the server on a free port, ``wait_ready()`` polls /readyz,
 ``stop()`` sends SIGTERM and waits; ``rss_bytes()`` reads the process's resident memory. The log
 (stderr + stdout) goes to a file so a failing test can show it. ``tiny_llama_dir`` saves a tiny
-random Llama (with SmolLM2's tokenizer when given) for tests where the model does not matter.
+random Llama (with SmolLM2's tokenizer when given) for tests where the model does not matter;
+``scaled_copy`` its same-size fine-tune.
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ def tiny_llama_dir(root: Path, tokenizer_from: Path | None = None, n_layers: int
     model: Any = LlamaForCausalLM(config)
     model.to(torch.bfloat16).save_pretrained(root)
     return root
+
+
+def scaled_copy(src: Path, dst: Path, factor: float = 1.05) -> Path:
+    """``src`` with one matrix (the first layer's q_proj) times ``factor``: a fine-tune of the same
+    shapes, so every file keeps its size (``file_sizes``)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(src / "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = (tensors[name].float() * factor).to(tensors[name].dtype)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def file_sizes(model_dir: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in model_dir.iterdir()}
 
 
 def free_port() -> int:

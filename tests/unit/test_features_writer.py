@@ -120,7 +120,7 @@ def test_old_manifests_with_sha256_still_verify_and_new_ones_carry_xxh3(tmp_path
 def test_resume_against_another_model_is_refused(tmp_path):
     write(tmp_path, [sample(0)])
     other = FeaturesMeta("fake-llama", "r2", AUX, FINAL, HIDDEN, 256, "bfloat16", TOKENIZER_SHA)
-    with pytest.raises(IncompatibleError, match="revision='r1' but the server has revision='r2'"):
+    with pytest.raises(IncompatibleError, match="revision: 'r1' -> 'r2'"):
         FeaturesWriter.open(tmp_path, other)
     wider = FeaturesMeta("fake-llama", "r1", (1, 3), FINAL, HIDDEN, 256, "bfloat16", TOKENIZER_SHA)
     with pytest.raises(IncompatibleError, match="aux_layer_ids"):
