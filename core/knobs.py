@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.errors import Eagle3Error
+
 ENV_PREFIX = "EAGLE3_"
 
 
-class KnobError(ValueError):
+class KnobError(Eagle3Error, ValueError):
     """A flag, variable or config entry has a bad value (a one-line CLI error naming its source)."""
 
 

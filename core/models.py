@@ -33,6 +33,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from eagle3.core.errors import Eagle3Error
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -44,7 +46,7 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SOURCE_FILE = "eagle3_source.json"
 
 
-class ModelNotFoundError(ValueError):
+class ModelNotFoundError(Eagle3Error, ValueError):
     """The ``--model`` value is neither a local checkpoint nor an embedded model."""
 
 

@@ -20,40 +20,17 @@ from typing import NoReturn
 from eagle3 import __version__
 from eagle3.client.cli import add_prepare_command
 from eagle3.client.distill_cli import add_distill_command
-from eagle3.client.errors import Eagle3Error
 from eagle3.client.extract_cli import add_extract_command
-from eagle3.client.prepare import PrepareError
-from eagle3.client.prepare_workers import WorkerError
 from eagle3.client.self_instruct_cli import add_self_instruct_command
 from eagle3.core.cli_args import MissingModelError
-from eagle3.core.conversations import SourceError
-from eagle3.core.masking import TemplateError
-from eagle3.core.models import ModelNotFoundError
-from eagle3.core.protocol import PreparedFormatError
-from eagle3.core.protocol.features import FeaturesFormatError
+from eagle3.core.errors import Eagle3Error
 from eagle3.demo import add_demo_command
 from eagle3.draft_trainer.cli import add_trainer_commands, add_vocab_command
-from eagle3.draft_trainer.errors import TrainerError
-from eagle3.draft_trainer.evaluate_vllm import VllmEvalError
-from eagle3.draft_trainer.vocab import VocabError
 from eagle3.server.cli import add_serve_command
-from eagle3.server.config import SettingsError
 
-USER_ERRORS = (
-    Eagle3Error,
-    FeaturesFormatError,
-    ModelNotFoundError,
-    PrepareError,
-    PreparedFormatError,
-    SettingsError,
-    SourceError,
-    TemplateError,
-    TrainerError,
-    VllmEvalError,
-    VocabError,
-    WorkerError,
-    OSError,  # unreadable input, unwritable output directory, ...
-)
+# Every error eagle3 raises on purpose derives from Eagle3Error (core/errors.py); OSError covers an
+# unreadable input or an unwritable output directory. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (Eagle3Error, OSError)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -87,6 +64,8 @@ def build_parser() -> ArgumentParser:
     add_trainer_commands(sub)
     add_demo_command(sub)
     add_serve_command(sub)
+    for command in _subcommands(parser).values():  # `eagle3 train -v ...` as well as `eagle3 -v train ...`
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
     return parser
 
 

@@ -43,6 +43,8 @@ import numpy as np
 import torch
 import xxhash
 
+from eagle3.core.errors import Eagle3Error
+
 logger = logging.getLogger(__name__)
 MAGIC = b"E3FCACHE"
 LAYOUT_VERSION = "v1"
@@ -54,7 +56,7 @@ DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.f
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-class CorruptEntryError(ValueError):
+class CorruptEntryError(Eagle3Error, ValueError):
     """A cache file that fails a check (truncated, wrong magic, checksum, sizes, other token ids)."""
 
 

@@ -38,6 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from eagle3.core.errors import Eagle3Error
+
 if TYPE_CHECKING:
     import torch
 
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 ProgressCallback = Callable[[str, float], None]  # (phase, fraction in [0, 1])
 
 
-class BackendError(RuntimeError):
+class BackendError(Eagle3Error, RuntimeError):
     """The engine failed on a batch. ``retryable=False`` when the engine rejected the input itself
     (the same sample can only fail again: a SAMPLE_ERROR ``invalid_sample``); True for faults of the
     engine (``backend_error``; core/protocol/error_types.py)."""
