@@ -51,7 +51,9 @@ class ModelNotFoundError(Eagle3Error, ValueError):
 
 
 def cache_dir() -> Path:
-    """Root of eagle3's cache: ``$EAGLE3_CACHE_DIR``, else ``$XDG_CACHE_HOME/eagle3``, else ``~/.cache/eagle3``."""
+    """Root of eagle3's model cache (the converted embedded verifier, load times): ``$EAGLE3_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/eagle3``, else ``~/.cache/eagle3``. Only that: the server's feature cache has its
+    own setting (``--feature-cache-dir`` / ``$EAGLE3_FEATURE_CACHE_DIR``) and is never turned on by this."""
     explicit = os.environ.get("EAGLE3_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()

@@ -49,6 +49,7 @@ def add_serve_command(sub: Any) -> None:
                    help="one setting as a --config key, repeatable; dotted keys reach into mappings: "
                    "--set engine_args.max_num_seqs=8")  # fmt: skip
     add_knob_arguments(p, ServerSettings)
+    p.add_argument("--cache-dir", dest="renamed_cache_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=run_serve)
 
 
@@ -58,6 +59,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
     The settings' ``sources`` say where each value not left at its default came from."""
     config_file = getattr(args, "config", None) or (environ or os.environ).get("EAGLE3_CONFIG")
     sources: dict[str, str] = {}
+    if "renamed_cache_dir" in vars(args):
+        raise SettingsError(RENAMED_CACHE_DIR)
     try:
         file_config = load_config_file(config_file) if config_file else {}
         overrides = parse_set_items(getattr(args, "set", None) or [])
@@ -83,6 +86,12 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
     settings = ServerSettings(**values)
     settings.check_model()  # a usage error (status 2) naming what to pass
     return settings
+
+
+RENAMED_CACHE_DIR = (
+    "--cache-dir is now --feature-cache-dir ($EAGLE3_FEATURE_CACHE_DIR): the feature cache's disk tier; "
+    "$EAGLE3_CACHE_DIR means only the model cache's root and no longer turns the feature cache on"
+)
 
 
 def _engine_args_as_items(config: dict[str, Any], where: str) -> dict[str, Any]:

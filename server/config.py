@@ -83,8 +83,9 @@ class ServerSettings:
     # feature cache (server/feature_cache.py) and the interactive lane (server/lanes.py)
     cache_memory_bytes: int = knob(1 << 30, "MiB of extracted samples kept in memory for repeats (0: no memory tier)",
                                    flag="--cache-memory-mb", scale=2**20)  # fmt: skip
+    # --feature-cache-dir / EAGLE3_FEATURE_CACHE_DIR: not EAGLE3_CACHE_DIR, which is the model cache's root only
     cache_dir: str | None = knob(None, "directory of the feature cache's disk tier (survives restarts; may be "
-                                 "shared by several servers)")  # fmt: skip
+                                 "shared by several servers)", flag="--feature-cache-dir")  # fmt: skip
     cache_disk_bytes: int = knob(16 << 30, "GiB the disk tier may hold (least recently used entries go first)",
                                  flag="--cache-gb", scale=2**30)  # fmt: skip
     interactive_max_tokens: int = knob(2048, "requests of at most this many tokens go to the interactive lane, "

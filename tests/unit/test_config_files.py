@@ -134,3 +134,25 @@ def test_train_overrides_still_win_over_the_file(tmp_path: Path) -> None:
     assert load_config(path, {"ttt_steps": "5"}).ttt_steps == 5
     with pytest.raises(ConfigError, match="unknown config key 'optimizer.lr'"):
         load_config(None, {"optimizer.lr": "1"})
+
+
+def test_the_model_cache_variable_no_longer_turns_the_feature_cache_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EAGLE3_CACHE_DIR is the model cache's root (the images set it); the feature cache's disk tier is
+    --feature-cache-dir / EAGLE3_FEATURE_CACHE_DIR. Before the split the variable meant both."""
+    from eagle3.core.models import cache_dir
+
+    model_cache = {"EAGLE3_CACHE_DIR": str(tmp_path / "models")}
+    s = serve_settings(tmp_path, [], model_cache)
+    assert s.cache_dir is None and "cache_dir" not in s.sources
+    features = serve_settings(tmp_path, [], {**model_cache, "EAGLE3_FEATURE_CACHE_DIR": str(tmp_path / "f")})
+    assert features.cache_dir == str(tmp_path / "f") and features.sources["cache_dir"] == "EAGLE3_FEATURE_CACHE_DIR"
+    assert serve_settings(tmp_path, ["--feature-cache-dir", "/x"]).cache_dir == "/x"
+    config = tmp_path / "serve.toml"
+    config.write_text('feature_cache_dir = "/y"\n')
+    assert serve_settings(tmp_path, ["--config", str(config)]).cache_dir == "/y"
+    with pytest.raises(SettingsError, match=r"--cache-dir is now --feature-cache-dir \(\$EAGLE3_FEATURE_CACHE_DIR\)"):
+        serve_settings(tmp_path, ["--cache-dir", "/z"])
+    monkeypatch.setenv("EAGLE3_CACHE_DIR", str(tmp_path / "models"))
+    assert cache_dir() == tmp_path / "models"  # the model cache still follows it

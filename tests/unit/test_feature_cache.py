@@ -157,7 +157,7 @@ def test_disk_tier_evicts_oldest_files_within_its_byte_limit(tmp_path: Path) -> 
 
 
 def test_two_caches_sharing_a_directory_under_threads_never_answer_wrong(tmp_path: Path) -> None:
-    """Two servers on one --cache-dir, four threads each, writing and reading the same 24 keys."""
+    """Two servers on one --feature-cache-dir, four threads each, writing and reading the same 24 keys."""
     caches = [disk_cache(tmp_path, memory_bytes=0), disk_cache(tmp_path, memory_bytes=0)]
     samples = [[k + 1] * (5 + k) for k in range(24)]
     wrong: list[str] = []
