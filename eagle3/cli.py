@@ -32,6 +32,36 @@ from eagle3.server.cli import add_serve_command
 # unreadable input or an unwritable output directory. Anything else is a bug and keeps its traceback.
 USER_ERRORS = (Eagle3Error, OSError)
 
+# A third-party module a command imports when it runs -> the extra of pyproject.toml that installs it. The
+# bare `pip install eagle3` is the SDK and prepare; a command that needs more names its extra instead of
+# ending in a ModuleNotFoundError traceback. torch comes with several extras: which one depends on the command.
+EXTRA_OF_MODULE = {
+    "fastapi": "server",
+    "uvicorn": "server",
+    "starlette": "server",
+    "pydantic": "server",
+    "prometheus_client": "server",
+    "vllm": "vllm",
+    "gguf": "embedded",
+    "accelerate": "embedded",
+    "datasets": "data",
+    "pyarrow": "data",
+    "tensorboard": "track",
+    "wandb": "track",
+    "PIL": "train",
+}
+TORCH_EXTRA_OF_COMMAND = {"serve": "server", "demo": "server,train", "prepare": "embedded", "distill": "embedded"}
+
+
+def missing_extra(command: str, module: str | None) -> str | None:
+    """The one-line error for a command whose optional dependency ``module`` is not installed, or None
+    when ``module`` belongs to no extra (a broken base install or a bug keeps its traceback)."""
+    top = (module or "").split(".")[0]
+    extra = TORCH_EXTRA_OF_COMMAND.get(command, "train") if top == "torch" else EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    return f"this command needs {top!r}, which is not installed: pip install 'eagle3[{extra}]'"
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse without abbreviations, and with a 'did you mean' for unknown options."""
@@ -111,6 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _subcommands(parser)[args.command].error(str(exc))
     except USER_ERRORS as exc:
         print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        message = missing_extra(args.command, exc.name)
+        if message is None:
+            raise
+        print(f"eagle3 {args.command}: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"eagle3 {args.command}: interrupted", file=sys.stderr)

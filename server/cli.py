@@ -15,6 +15,7 @@ from ``ServerSettings`` (server/config.py), each with its ``EAGLE3_*`` variable.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -85,6 +86,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         values["tensor_parallel_size"] = 1 if backend == "hf" else default_tensor_parallel_size()
     settings = ServerSettings(**values)
     settings.check_model()  # a usage error (status 2) naming what to pass
+    if settings.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise SettingsError("--backend vllm needs vLLM in this environment: pip install 'eagle3[vllm]' (CUDA)")
     return settings
 
 

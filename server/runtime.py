@@ -344,8 +344,16 @@ class Runtime:
 
 
 # Load failures that the same settings reproduce on every start: a bad flag, variable or config entry,
-# an unknown or reserved --engine-arg, a --model that names nothing, a setting the backend cannot load.
-CONFIGURATION_ERRORS = (KnobError, EngineArgsError, ModelNotFoundError, MissingModelError, BackendConfigError)
+# an unknown or reserved --engine-arg, a --model that names nothing, a setting the backend cannot load, a
+# package the backend needs and this environment lacks.
+CONFIGURATION_ERRORS = (
+    KnobError,
+    EngineArgsError,
+    ModelNotFoundError,
+    MissingModelError,
+    BackendConfigError,
+    ModuleNotFoundError,
+)
 
 
 def retry_could_cure(exc: BaseException) -> bool:
