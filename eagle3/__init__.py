@@ -38,6 +38,7 @@ _EXPORTS = {
     "prepare_dataset": "eagle3.client.prepare",
     "PrepareConfig": "eagle3.client.prepare",
     "FeaturesReader": "eagle3.core.features_reader",
+    "FeaturesDataset": "eagle3.core.features_dataset",
     "Eagle3Error": "eagle3.core.errors",
     "FeaturesLockedError": "eagle3.core.errors",
     "FeaturesWriteError": "eagle3.core.errors",
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
         IncompatibleError,
         InsufficientDiskError,
     )
+    from eagle3.core.features_dataset import FeaturesDataset
     from eagle3.core.features_reader import FeaturesReader
     from eagle3.core.sample import ExtractedSample
 
@@ -102,6 +104,7 @@ __all__ = [
     "ExtractConfig",
     "ExtractedSample",
     "ExtractionClient",
+    "FeaturesDataset",
     "FeaturesLockedError",
     "FeaturesReader",
     "FeaturesWriteError",

@@ -43,12 +43,21 @@ def add_serve_command(sub: Any) -> None:
         "its EAGLE3_* environment variable and the --config file; a flag given here wins over all of them, "
         "then --set, then the variable, then the file.",
     )
-    p.add_argument("--config", default=None, metavar="FILE",
-                   help="YAML, JSON or TOML file of settings by extension (keys: flag names; engine_args: a "
-                   "mapping of vLLM EngineArgs fields)")  # fmt: skip
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="one setting as a --config key, repeatable; dotted keys reach into mappings: "
-                   "--set engine_args.max_num_seqs=8")  # fmt: skip
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML, JSON or TOML file of settings by extension (keys: flag names; engine_args: a "
+        "mapping of vLLM EngineArgs fields)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one setting as a --config key, repeatable; dotted keys reach into mappings: "
+        "--set engine_args.max_num_seqs=8",
+    )
     add_knob_arguments(p, ServerSettings)
     p.add_argument("--cache-dir", dest="renamed_cache_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=run_serve)

@@ -7,20 +7,12 @@ binary frame stream of docs/protocol.md rather than JSON.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI
 
 from eagle3.core.protocol.frames import CONTENT_TYPE
 from eagle3.server.validation import ExtractRequest
-
-
-def package_version() -> str:
-    try:
-        return version("eagle3")
-    except PackageNotFoundError:  # a checkout run without installing
-        return "0+unknown"
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -102,6 +102,7 @@ class Runtime:
         self.tokenize_pool = ThreadPoolExecutor(max_workers=TOKENIZE_WORKERS, thread_name_prefix="eagle3-tok")
         self.tokenize_slots = threading.BoundedSemaphore(TOKENIZE_QUEUE)
         self.metrics = Metrics()
+        self.metrics.info.update(backend=settings.backend, model=settings.backend_model)  # eagle3_info; set at load
         self._malloc_trim = load_malloc_trim()
         self.scheduler = Scheduler(
             self._extract,
@@ -183,6 +184,7 @@ class Runtime:
             self.chat_limits = chat_limits(self.chat, info.max_model_len) if self.chat is not None else None
             self.stop_token_ids = default_stop_token_ids(info.model_dir, self.chat)
             self.info = info
+            self.metrics.info.update(backend=info.backend, model=info.model_id)
             bytes_per_token = info.n_layers_out * info.hidden_size * STATE_BYTES.get(info.dtype, 4)
             self.scheduler.max_buffered_tokens = request_buffer_tokens(
                 s.max_batch_tokens, bytes_per_token, s.request_buffer_bytes

@@ -26,7 +26,7 @@ import uvicorn
 
 from eagle3.server.app import create_app
 from eagle3.server.config import ServerSettings
-from eagle3.server.openapi import package_version
+from eagle3.server.metrics import package_version
 from eagle3.server.request_log import configure_logging
 
 logger = logging.getLogger(__name__)

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from eagle3.core.engine_args import EngineArgsError, check_engine_args
+from eagle3.core.json_log import restyle_as_json, root_logs_json
 from eagle3.core.protocol.generate import Sampling
 from eagle3.server.backends.base import (
     BackendConfig,
@@ -104,6 +105,9 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
         "enforce_eager": not opts.compile,
         "enable_prefix_caching": False,
         "enable_chunked_prefill": True,
+        # vLLM's own engine series (vllm:kv_cache_usage_perc, vllm:num_requests_running/waiting, prompt
+        # tokens, ...) in this process's default prometheus registry, which /metrics exposes (server/metrics.py)
+        "disable_log_stats": False,
         "max_num_batched_tokens": config.max_batch_tokens,
         "max_num_seqs": min(MAX_NUM_SEQS, config.max_batch_tokens),
         "seed": 0,
@@ -222,6 +226,9 @@ class VllmBackend:
 
         progress("importing vllm", 0.02)
         import vllm
+
+        if root_logs_json():  # --log-format json: vLLM's own handler (set up at its import) writes JSON too
+            restyle_as_json(logging.getLogger("vllm"))
         from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as stock
         from vllm.platforms import current_platform
 

@@ -105,7 +105,7 @@ def test_serve_takes_engine_args_from_the_file_and_set_and_names_the_sources(tmp
             "max_batch_tokens=999",
             "--max-batch-tokens",
             "512",
-        ],  # fmt: skip
+        ],
         env,
     )
     assert s.vllm_options.engine_args == {"max_num_seqs": 8, "quantization": "fp8"}  # --set over the file's 4
