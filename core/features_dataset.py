@@ -21,12 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3.core.features_reader import FeaturesReader
 
+if TYPE_CHECKING:  # to a type checker it is the Dataset a DataLoader's signature asks for; at run time no torch
+    from torch.utils.data import Dataset
 
-class FeaturesDataset:
+    _Base = Dataset[dict[str, Any]]
+else:
+    _Base = object
+
+
+class FeaturesDataset(_Base):
     """``len(ds)``, ``ds[i]`` -> ``{"sample_id", "input_ids", "loss_mask", "hidden_states"}`` (torch).
     ``sample_ids``: a subset and order (default: every sample in manifest order)."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eagle3.server.backends import BackendConfigError, BackendError
+from eagle3.server.backends import BackendConfigError, BackendError, BackendInfo
 from eagle3.server.runtime import Runtime, retry_could_cure
 from tests.e2e.live_server import REPO_ROOT, LiveServer, tiny_llama_dir
 from tests.unit.test_server_app import FakeBackend, settings
@@ -32,7 +32,7 @@ class FailingBackend(FakeBackend):
         super().__init__(model_dir)
         self.exc = exc
 
-    def load(self, progress: object) -> object:  # type: ignore[override]
+    def load(self, progress: object) -> BackendInfo:
         raise self.exc
 
 
@@ -44,7 +44,9 @@ class FailingBackend(FakeBackend):
         (RuntimeError("connection reset while downloading"), None),
     ],
 )
-def test_only_a_configuration_error_sets_an_exit_status(tmp_path: Path, exc: Exception, exit_status: int | None):
+def test_only_a_configuration_error_sets_an_exit_status(
+    tmp_path: Path, exc: Exception, exit_status: int | None
+) -> None:
     runtime = Runtime(settings(), FailingBackend(tmp_path, exc))
     try:
         runtime._load()

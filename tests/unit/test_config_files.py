@@ -52,7 +52,9 @@ def test_serve_and_train_read_the_same_formats(tmp_path: Path, suffix: str) -> N
         ("x.yaml", "- 1\n- 2\n", r"x\.yaml: expected a mapping of settings \(key: value\) at the top, got a list"),
     ],
 )
-def test_errors_name_the_file_the_line_and_the_right_format(tmp_path: Path, name: str, text: str, expected: str | None):
+def test_errors_name_the_file_the_line_and_the_right_format(
+    tmp_path: Path, name: str, text: str, expected: str | None
+) -> None:
     path = tmp_path / name
     path.write_text(text)
     if expected is None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -45,7 +46,7 @@ def test_metrics_carry_process_series_and_an_info_series(tmp_path: Path) -> None
     assert "eagle3_requests_total" in got or "eagle3_forward_passes_total" in got  # eagle3's own still there
 
 
-def test_the_status_page_refresh_is_not_an_info_line(tmp_path: Path, caplog) -> None:
+def test_the_status_page_refresh_is_not_an_info_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with TestClient(create_app(settings(), FakeBackend(tmp_path))) as client:
         wait_for(client, "ready")
         caplog.clear()
