@@ -1,4 +1,4 @@
-"""The feature cache's disk tier (``--cache-dir``, ``--cache-gb``): one file per extracted sample.
+"""The feature cache's disk tier (``--feature-cache-dir``, ``--cache-gb``): one file per extracted sample.
 
 Layout: ``<cache_dir>/v1/<key[:2]>/<key>.e3c`` where ``key`` is the entry's 32 hex digits
 (``server/feature_cache.py``: xxh3-128 of everything that determines the bytes). One file:
@@ -8,9 +8,10 @@ Layout: ``<cache_dir>/v1/<key[:2]>/<key>.e3c`` where ``key`` is the entry's 32 h
 
 Invariants:
 
-* A file under its final name is complete: written as ``<name>.tmp-<pid>-<random>`` in the same
-  directory, fsynced, then ``os.replace``d (atomic on POSIX); a crash leaves at most a ``.tmp-`` file,
-  removed by the next scan. Two servers sharing the directory may write the same entry at once: each
+* A file under its final name is complete: written by ``eagle3.core.atomic_write`` as
+  ``.<name>.<pid>-<random>.tmp`` in the same directory, fsynced, then ``os.replace``d (atomic on POSIX;
+  no directory fsync: a lost entry is only recomputed); a crash leaves at most a temporary file, removed
+  by the next scan. Two servers sharing the directory may write the same entry at once: each
   rename installs a whole file, and both hold the same bytes.
 * A read checks the magic, the sizes the header declares against the file's size, the checksum and
   the stored token ids against the asked ones; any failure is a miss (the file is deleted), never a
@@ -33,7 +34,6 @@ import queue
 import struct
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import xxhash
 
+from eagle3.core.atomic_write import is_temp_name, write_atomic
 from eagle3.core.errors import Eagle3Error
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class DiskTier:
                     st = path.stat()
                 except FileNotFoundError:
                     continue
-                if ".tmp-" in path.name:
+                if is_temp_name(path.name):
                     if time.time() - st.st_mtime > 60:  # another live server may be writing a young one
                         path.unlink(missing_ok=True)
                 elif path.name.endswith(SUFFIX):
@@ -240,17 +241,7 @@ class DiskTier:
             return
         path = self.path(key)
         path.parent.mkdir(exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
-            with open(tmp, "wb") as fh:
-                for part in parts:
-                    fh.write(part)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(path, parts, sync_dir=False)
         with self._lock:
             if key not in self._index:
                 self.bytes += size

@@ -101,7 +101,7 @@ def serve(settings: ServerSettings) -> int:
         "eagle3 %s serve; settings not at their default: %s",
         package_version(),
         ", ".join(f"{k}={v}" for k, v in effective.items()) or "none",
-        extra={"settings": effective},
+        extra={"fields": {"settings": effective}},  # --log-format json: one object, not a string to parse
     )
     app = create_app(settings, freeze_gc_when_ready=True)  # this process lives exactly as long as the app
     config = uvicorn.Config(

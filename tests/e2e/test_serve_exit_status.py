@@ -123,6 +123,8 @@ def test_a_load_failure_a_restart_may_cure_stays_up_as_failed(tmp_path: Path) ->
         time.sleep(1.0)  # a configuration error would have ended the process by now
         assert server.process.poll() is None, server.log()
         assert httpx.get(f"{server.url}/livez", timeout=2.0).status_code == 200
+        # the start-up line of the settings not at their default, each with its source
+        assert f"settings not at their default: model='{model}' (--model), backend='hf' (--backend)" in server.log()
     finally:
         assert server.stop() == 0, server.log()
 

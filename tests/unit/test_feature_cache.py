@@ -181,7 +181,7 @@ def test_two_caches_sharing_a_directory_under_threads_never_answer_wrong(tmp_pat
     for cache in caches:
         cache.close()
     assert not wrong, wrong[:3]
-    assert not list(tmp_path.rglob("*.tmp-*")), "a temporary file was left behind"
+    assert not list(tmp_path.rglob("*.tmp")), "a temporary file was left behind"
     check = disk_cache(tmp_path)
     assert check.disk is not None and check.disk.n_entries == len(entry_files(tmp_path)) <= 24
     for ids in samples:
