@@ -146,6 +146,16 @@ def test_backends_never_import_the_server(path):
     assert not server, server
 
 
+def test_the_engines_do_not_import_each_other():
+    """What the hf and vllm backends share (the dtype table, the checkpoint identity) lives in shared
+    backend modules (dtypes.py, identity.py, base.py), not in one engine's module."""
+    vllm_modules = sorted((ROOT / "server" / "backends").glob("vllm*.py"))
+    assert vllm_modules
+    for path in vllm_modules:
+        assert "eagle3.server.backends.hf" not in imported_modules(path), path.name
+    assert not {n for n in imported_modules(ROOT / "server" / "backends" / "hf.py") if ".backends.vllm" in n}
+
+
 @pytest.mark.parametrize(
     "path",
     [p for pkg in ("core", *SIBLINGS, "eagle3") for p in sources(pkg)],
