@@ -24,6 +24,7 @@ from eagle3.client.extract_cli import add_extract_command
 from eagle3.client.self_instruct_cli import add_self_instruct_command
 from eagle3.core.cli_args import MissingModelError
 from eagle3.core.errors import Eagle3Error
+from eagle3.core.progress import quiet_foreign_bars
 from eagle3.demo import add_demo_command
 from eagle3.draft_trainer.cli import add_trainer_commands, add_vocab_command
 from eagle3.server.cli import add_serve_command
@@ -135,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not args.verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request is noise
+    quiet_foreign_bars(sys.stderr)  # transformers' \r bar frames in a log (make demo > log)
     try:
         return int(args.func(args))
     except MissingModelError as exc:
