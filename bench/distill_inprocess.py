@@ -64,7 +64,7 @@ def regenerate(
 
     prepared_dir, out = Path(prepared_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     eos_id = int(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, int)
                  else model.generation_config.eos_token_id[0])  # fmt: skip
     pad_id = eos_id
