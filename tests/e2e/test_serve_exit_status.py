@@ -11,6 +11,7 @@ setting: the server stays up and says so on /readyz until it is restarted (or dr
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 import time
@@ -144,3 +145,24 @@ def test_an_engine_arg_typo_exits_2_in_the_vllm_backend(tmp_path: Path) -> None:
         assert "eagle3 serve: error: BackendConfigError: --engine-arg" in log and "kv_cache_gb" in log, log
     finally:
         server.stop()
+
+
+def test_the_demos_local_server_stops_waiting_at_a_failed_load(tmp_path: Path) -> None:
+    """eagle3 demo waits up to 30 minutes for its server: a load that failed (or a server that exited
+    on a configuration error) ends the wait at once with one Eagle3Error naming why."""
+    from eagle3.local_server import LocalServer, LocalServerError
+
+    model = tiny_llama_dir((tmp_path / "tiny").resolve())
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    for args, message in (
+        (["--model", str(model)], "could not load the model (failed: "),
+        (["--model", str(model), "--aux-layer-ids", "1,2,99"], "eagle3 serve exited with 2"),
+    ):
+        started = time.monotonic()
+        with (
+            LocalServer(["--backend", "hf", *args], tmp_path / "local.log") as server,
+            pytest.raises(LocalServerError, match=re.escape(message)),
+        ):
+            server.wait_ready(timeout_s=600)
+        assert time.monotonic() - started < 120
