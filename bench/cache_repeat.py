@@ -6,7 +6,7 @@
         # simulated forward speed (--synthetic-tokens-per-s): the cache's own cost without the CPU's noise
 
 Two live ``eagle3 serve`` processes on the embedded SmolLM2 (hf backend, the server's defaults): ``on``
-with a disk tier (``--cache-dir``) next to its default memory tier, ``off`` with no cache
+with a disk tier (``--feature-cache-dir``) next to its default memory tier, ``off`` with no cache
 (``--cache-memory-mb 0``). Every extraction is a whole ``extract_dataset`` (``/v1/info`` checks,
 HTTP, decode, shards on disk), timed from the call to its return.
 
@@ -129,7 +129,7 @@ def main() -> None:
         if args.backend == "synthetic":  # SmolLM2's shape: 30 layers (4 taps), hidden 576
             base += ["--synthetic-hidden-size", "576", "--synthetic-num-layers", "30",
                      "--synthetic-tokens-per-s", str(args.synthetic_tokens_per_s)]  # fmt: skip
-        on_args = [*base, "--cache-dir", str(tmp / "cache")]
+        on_args = [*base, "--feature-cache-dir", str(tmp / "cache")]
         on = server(on_args, tmp / "on.log")
         off = server([*base, "--cache-memory-mb", "0"], tmp / "off.log")
         try:

@@ -1,6 +1,6 @@
 """Distillation through the resident server against the in-process transformers loop, side by side.
 
-    (a) in-process: ``eagle3.draft_trainer.distill.regenerate`` (its own load of the verifier included, fp32,
+    (a) in-process: ``bench.distill_inprocess.regenerate`` (its own load of the verifier included, fp32,
         left-padded batches of ``--batch`` prompts, transformers ``generate``);
     (b) through a server: an ``eagle3 serve --backend hf`` subprocess (started once, its load timed
         apart) and ``eagle3.client.distill.distill_dataset`` with ``--batch`` prompts per request.
@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.distill_inprocess import regenerate
 from eagle3.client.distill import DistillConfig, distill_dataset
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 from eagle3.core.protocol.prepared import PreparedSample, iter_prepared
-from eagle3.draft_trainer.distill import regenerate
 from eagle3.local_server import LocalServer
 
 

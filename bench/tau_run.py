@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+from bench.distill_inprocess import regenerate
 from eagle3.core.models import resolve_model_dir
 from eagle3.draft_trainer.config import load_config, parse_overrides
-from eagle3.draft_trainer.distill import regenerate
 from eagle3.draft_trainer.vocab import build_draft_vocab, count_assistant_tokens, save_vocab
 
 TRAIN_DEFAULTS = {"ttt_steps": 4, "max_batch_tokens": 1024, "lr": 2e-3, "epochs": 30, "warmup_steps": 20,

@@ -41,7 +41,7 @@ from eagle3.client.base_client import (
 )
 from eagle3.client.buffer_pool import BufferPool
 from eagle3.client.errors import APIError
-from eagle3.client.http_client import describe_readyz, new_async_http_client, response_status_error
+from eagle3.client.http_client import describe_readyz, new_async_http_client, per_call_timeout, response_status_error
 from eagle3.client.request_pipeline import apipelined
 from eagle3.client.request_samples import Sample, to_request_samples
 from eagle3.client.retry import MAX_RETRY_AFTER_S
@@ -174,35 +174,45 @@ class AsyncExtractionClient(BaseClient):
         *,
         ordered: bool = True,
         on_sample_error: Literal["raise", "skip"] = "raise",
+        timeout_s: float | None = None,
     ) -> AsyncResults[ExtractedSample]:
-        """One ``ExtractedSample`` per input sample, as ``ExtractionClient.extract``: ``await`` it for the
-        list, or ``async for`` over it."""
+        """One ``ExtractedSample`` per input sample, as ``ExtractionClient.extract`` (``timeout_s``: this
+        call's read timeout): ``await`` it for the list, or ``async for`` over it."""
         requests = to_request_samples(samples)  # validate now, not at the first sample
-        return AsyncResults(self._extract_ordered(requests, codec, InputOrder(requests, ordered, on_sample_error)))
+        per_call_timeout(timeout_s)
+        order = InputOrder(requests, ordered, on_sample_error)
+        return AsyncResults(self._extract_ordered(requests, codec, order, timeout_s))
 
     async def _extract_ordered(
-        self, requests: list[dict[str, Any]], codec: str | None, order: InputOrder
+        self, requests: list[dict[str, Any]], codec: str | None, order: InputOrder, timeout_s: float | None = None
     ) -> AsyncGenerator[ExtractedSample, None]:
-        async for item in self._extract_all(requests, codec):
+        async for item in self._extract_all(requests, codec, timeout_s):
             for ready in order.push(item):
                 yield ready
         order.finish()
 
-    def extract_stream(self, samples: Iterable[Sample], codec: str | None = None) -> AsyncResults[Outcome]:
+    def extract_stream(
+        self, samples: Iterable[Sample], codec: str | None = None, *, timeout_s: float | None = None
+    ) -> AsyncResults[Outcome]:
         """Every sample exactly once, in arrival order: an ``ExtractedSample`` or a ``SampleFailure``."""
-        return AsyncResults(self._extract_all(to_request_samples(samples), codec))
+        per_call_timeout(timeout_s)
+        return AsyncResults(self._extract_all(to_request_samples(samples), codec, timeout_s))
 
-    async def _extract_all(self, requests: list[dict[str, Any]], codec: str | None) -> AsyncGenerator[Outcome, None]:
+    async def _extract_all(
+        self, requests: list[dict[str, Any]], codec: str | None, timeout_s: float | None = None
+    ) -> AsyncGenerator[Outcome, None]:
         limits = self._limits or self._remember_limits(await self.info())
-        streams = [partial(self._extract_batch, batch, codec) for batch in split_requests(requests, limits)]
+        streams = [partial(self._extract_batch, batch, codec, timeout_s) for batch in split_requests(requests, limits)]
         async for item in apipelined(streams, self.max_in_flight_requests):
             yield item
 
-    async def _extract_batch(self, requests: list[dict[str, Any]], codec: str | None) -> AsyncGenerator[Outcome, None]:
+    async def _extract_batch(
+        self, requests: list[dict[str, Any]], codec: str | None, timeout_s: float | None = None
+    ) -> AsyncGenerator[Outcome, None]:
         batch = BatchAttempts(requests, self.max_retries)
         while not batch.done:
             try:
-                async for item in self._stream_once(self.url, batch.start(), codec):
+                async for item in self._stream_once(self.url, batch.start(), codec, timeout_s):
                     if batch.take(item):
                         yield item
                 batch.check_complete(self.url)
@@ -216,13 +226,13 @@ class AsyncExtractionClient(BaseClient):
                 batch.attempt += 1
 
     async def _stream_once(
-        self, url: str, requests: list[dict[str, Any]], codec: str | None
+        self, url: str, requests: list[dict[str, Any]], codec: str | None, timeout_s: float | None = None
     ) -> AsyncGenerator[Outcome, None]:
         body = self._extract_body(requests, codec)
         request_id = new_request_id()
-        headers = self._headers(request_id)
+        headers, timeout = self._headers(request_id), per_call_timeout(timeout_s)
         try:
-            async with self._http.stream("POST", url + "/v1/extract", json=body, headers=headers) as resp:
+            async with self._http.stream("POST", url + "/v1/extract", json=body, headers=headers, **timeout) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
                     raise response_status_error(resp, url)

@@ -21,7 +21,12 @@ The tree (catch the narrowest class you can handle)::
     ├── IncompatibleError              server, prepared data and features directory disagree
     │                                  (model, revision, layer ids, tokenizer, vocab size)
     └── FeaturesWriteError             a features directory cannot be written (full disk, ...)
+        ├── FeaturesLockedError            another writer holds the features directory
         └── InsufficientDiskError          the free-disk pre-check failed (says how much is needed)
+
+Every class here imports from ``eagle3`` too (``from eagle3 import APIError``), and every other error
+eagle3 raises (bad prepared/features files, bad settings, trainer errors, ...) derives from the same
+root, so ``except eagle3.Eagle3Error`` catches anything eagle3 raised on purpose.
 
 Retried automatically (``ExtractionClient(max_retries=...)``): APIConnectionError, APITimeoutError,
 RateLimitError, ServiceUnavailableError, InternalServerError, retryable StreamError, unless the
@@ -35,7 +40,13 @@ from typing import Any
 
 # The root and the features-directory errors live in the core (the features writer raises them); they
 # are part of this tree and re-exported here so ``from eagle3.client.errors import ...`` covers it all.
-from eagle3.core.errors import Eagle3Error, FeaturesWriteError, IncompatibleError, InsufficientDiskError
+from eagle3.core.errors import (
+    Eagle3Error,
+    FeaturesLockedError,
+    FeaturesWriteError,
+    IncompatibleError,
+    InsufficientDiskError,
+)
 
 __all__ = [
     "APIConnectionError",
@@ -45,6 +56,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "Eagle3Error",
+    "FeaturesLockedError",
     "FeaturesWriteError",
     "IncompatibleError",
     "InsufficientDiskError",

@@ -45,6 +45,16 @@ def new_http_client(timeout_s: float, transport: httpx.BaseTransport | None) -> 
     return httpx.Client(timeout=timeout, transport=transport, follow_redirects=False, verify=verify)
 
 
+def per_call_timeout(timeout_s: float | None) -> dict[str, Any]:
+    """``httpx`` keyword arguments for one call's own ``timeout_s`` (``extract(..., timeout_s=...)``, as
+    openai-python's per-request ``timeout=``): the same read/connect split as the client's; none when None."""
+    if timeout_s is None:
+        return {}
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    return {"timeout": httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))}
+
+
 def new_async_http_client(timeout_s: float, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
     """``new_http_client`` for ``AsyncExtractionClient``: the same timeouts, redirects and TLS context."""
     timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))

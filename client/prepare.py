@@ -27,6 +27,7 @@ from typing import Any, Literal
 from eagle3.client.prepare_stats import MAX_EXAMPLES, PrepareStats
 from eagle3.client.prepare_workers import RowResult, tokenize_rows
 from eagle3.core.conversations import RawRow, iter_rows
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.identity import model_config, tokenizer_sha256
 from eagle3.core.masking import ChatTokenizer
 from eagle3.core.models import resolve_model_dir
@@ -36,7 +37,7 @@ from eagle3.core.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMe
 logger = logging.getLogger(__name__)
 
 
-class PrepareError(RuntimeError):
+class PrepareError(Eagle3Error, RuntimeError):
     """prepare cannot go on: a malformed row under on_error=fail, a bad token id, a full disk."""
 
 

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from itertools import islice
 
 from eagle3.core.conversations import RawRow, RowError, parse_row
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.masking import ChatTokenizer, Tokenized
 
 CHUNK_ROWS = 64
 
 
-class WorkerError(RuntimeError):
+class WorkerError(Eagle3Error, RuntimeError):
     """A worker process died (failed to start, was killed); the run cannot go on."""
 
 

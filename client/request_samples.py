@@ -3,11 +3,13 @@
 A sample is a list of token ids, a list of chat messages, an ``{"id", "input_ids", "loss_mask"?}`` or
 ``{"id", "messages"}`` dict, or a ``PreparedSample``. Ids default to the sample's position; every id is
 checked (``sample_id_problem``) and must be unique within one call. Token ids sent without a mask get
-``DEFAULT_LOSS_MASK`` for every token, explicitly on the wire.
+``DEFAULT_LOSS_MASK`` for every token, explicitly on the wire, and the first such sample of the process
+raises ``MaskMissingWarning`` once (features of those samples train on nothing).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -20,6 +22,25 @@ from eagle3.core.protocol.prepared import PreparedSample
 # template marks the assistant turns) or PreparedSample to train on a sample's tokens.
 DEFAULT_LOSS_MASK = 0
 JSON_BYTES_PER_TOKEN = 10  # a request body's size per token id, generously (ids up to 6 digits, separators)
+NO_MASK_WARNING = (
+    "token ids were sent without a loss_mask: every token gets loss_mask 0 (not trained on), so a draft "
+    "trained on these features learns nothing from them. Pass {'input_ids': ..., 'loss_mask': [1, ...]}, "
+    "chat messages (the template marks the assistant turns) or PreparedSample (eagle3 prepare). "
+    "Said once per process."
+)
+_warned_no_mask = False
+
+
+class MaskMissingWarning(UserWarning):
+    """Token ids sent without a loss mask: their features carry loss_mask 0 everywhere (warned once)."""
+
+
+def _warn_no_mask() -> None:
+    global _warned_no_mask
+    if not _warned_no_mask:
+        _warned_no_mask = True
+        warnings.warn(NO_MASK_WARNING, MaskMissingWarning, stacklevel=5)  # the notebook's extract() line
+
 
 T = TypeVar("T")
 
@@ -65,6 +86,8 @@ def _request_sample(sample: Sample, index: int) -> dict[str, Any]:
                 req["loss_mask"] = _token_ids(sample["loss_mask"], index, "loss_mask")
                 if len(req["loss_mask"]) != len(req["input_ids"]):
                     raise InvalidSampleError(f"sample {sample_id!r}: loss_mask and input_ids differ in length")
+            else:
+                _warn_no_mask()
             return req
         if "messages" in sample:
             return {"id": sample_id, "messages": _messages(sample["messages"], index)}
@@ -73,6 +96,7 @@ def _request_sample(sample: Sample, index: int) -> dict[str, Any]:
         return {"id": str(index), "messages": _messages(sample, index)}
     if isinstance(sample, (list, tuple)):
         ids = _token_ids(sample, index, "input_ids")
+        _warn_no_mask()
         return {"id": str(index), "input_ids": ids, "loss_mask": [DEFAULT_LOSS_MASK] * len(ids)}  # explicit
     raise InvalidSampleError(
         f"sample {index}: expected token ids, chat messages or a dict, got {type(sample).__name__}"

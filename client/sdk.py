@@ -55,6 +55,7 @@ from eagle3.client.http_client import (
     describe_readyz,
     new_http_client,
     parse_server_info,
+    per_call_timeout,
     response_status_error,
 )
 from eagle3.client.request_pipeline import pipelined
@@ -199,47 +200,62 @@ class ExtractionClient(BaseClient):
         *,
         ordered: bool = True,
         on_sample_error: Literal["raise", "skip"] = "raise",
+        timeout_s: float | None = None,
     ) -> Iterator[ExtractedSample]:
         """Yield one ``ExtractedSample`` per input sample (in input order unless ``ordered=False``).
 
         Samples: lists of token ids, lists of chat messages, ``{"id", "input_ids", "loss_mask"}`` or
         ``{"id", "messages"}`` dicts, or ``PreparedSample``. A sample the server rejects does not stop
         the others: with ``on_sample_error="raise"`` a ``SampleFailedError`` naming it comes after
-        every other sample was yielded; with ``"skip"`` it is logged and left out.
+        every other sample was yielded; with ``"skip"`` it is logged and left out. ``timeout_s``: this
+        call's read timeout instead of the client's (as openai-python's per-request ``timeout=``).
         """
         requests = to_request_samples(samples)  # validate now, not at the first next()
-        return self._extract_ordered(requests, codec, InputOrder(requests, ordered, on_sample_error))
+        per_call_timeout(timeout_s)  # a bad value fails here, not at the first next()
+        order = InputOrder(requests, ordered, on_sample_error)
+        return self._extract_ordered(requests, codec, order, timeout_s)
 
     def _extract_ordered(
-        self, requests: list[dict[str, Any]], codec: str | None, order: InputOrder
+        self, requests: list[dict[str, Any]], codec: str | None, order: InputOrder, timeout_s: float | None = None
     ) -> Iterator[ExtractedSample]:
-        for item in self._extract_all(requests, codec):
+        for item in self._extract_all(requests, codec, timeout_s):
             yield from order.push(item)
         order.finish()
 
-    def extract_stream(self, samples: Iterable[Sample], codec: str | None = None) -> Iterator[Outcome]:
+    def extract_stream(
+        self, samples: Iterable[Sample], codec: str | None = None, *, timeout_s: float | None = None
+    ) -> Iterator[Outcome]:
         """Every sample exactly once, in arrival order: an ``ExtractedSample`` or a ``SampleFailure``.
 
         The samples go in as many requests as the server's limits need (``/v1/info``
         ``max_request_tokens`` and ``max_body_bytes``, read once), ``max_in_flight_requests`` of them
         streaming at once, their outcomes request by request in order; a single sample over the limit is
-        sent alone (the server's 400 then names it)."""
-        return self._extract_all(to_request_samples(samples), codec)
+        sent alone (the server's 400 then names it). ``timeout_s`` as in ``extract``."""
+        per_call_timeout(timeout_s)
+        return self._extract_all(to_request_samples(samples), codec, timeout_s)
 
-    def _extract_all(self, requests: list[dict[str, Any]], codec: str | None) -> Iterator[Outcome]:
+    def _extract_all(
+        self, requests: list[dict[str, Any]], codec: str | None, timeout_s: float | None = None
+    ) -> Iterator[Outcome]:
         limits = self._limits or self._remember_limits(self.info())
-        streams = [partial(self._extract_batch, batch, codec) for batch in split_requests(requests, limits)]
+        batches = split_requests(requests, limits)
+        streams = [partial(self._extract_batch, batch, codec, timeout_s=timeout_s) for batch in batches]
         yield from pipelined(streams, self.max_in_flight_requests)
 
     def _extract_batch(
-        self, requests: list[dict[str, Any]], codec: str | None, stop: threading.Event | None = None
+        self,
+        requests: list[dict[str, Any]],
+        codec: str | None,
+        stop: threading.Event | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> Generator[Outcome, None, None]:
         """One request's samples, retried (only the samples not received) as ``max_retries`` allows; no
         new attempt once ``stop`` is set (the caller left)."""
         batch = BatchAttempts(requests, self.max_retries)
         while not batch.done and not (stop is not None and stop.is_set()):
             try:
-                for item in self._stream_once(self.url, batch.start(), codec):
+                for item in self._stream_once(self.url, batch.start(), codec, timeout_s):
                     if batch.take(item):
                         yield item
                 batch.check_complete(self.url)
@@ -251,11 +267,14 @@ class ExtractionClient(BaseClient):
                 self._sleep(self._prepare_retry(exc, batch.attempt, len(batch.pending)))
                 batch.attempt += 1
 
-    def _stream_once(self, url: str, requests: list[dict[str, Any]], codec: str | None) -> Iterator[Outcome]:
+    def _stream_once(
+        self, url: str, requests: list[dict[str, Any]], codec: str | None, timeout_s: float | None = None
+    ) -> Iterator[Outcome]:
         body = self._extract_body(requests, codec)
         request_id = new_request_id()
+        headers, timeout = self._headers(request_id), per_call_timeout(timeout_s)
         try:
-            with self._http.stream("POST", url + "/v1/extract", json=body, headers=self._headers(request_id)) as resp:
+            with self._http.stream("POST", url + "/v1/extract", json=body, headers=headers, **timeout) as resp:
                 if resp.status_code != 200:
                     resp.read()
                     raise response_status_error(resp, url)

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.models import DEFAULT_MODEL
 
 N = TypeVar("N", int, float)
@@ -53,7 +54,7 @@ MODEL_CHOICES_TEXT = (
 MODEL_REQUIRED = f"--model is required: pass the verifier as {MODEL_CHOICES_TEXT}"
 
 
-class MissingModelError(ValueError):
+class MissingModelError(Eagle3Error, ValueError):
     """A command that needs the verifier got no ``--model`` (nor, where it reads them, a variable or
     config key giving it). The console reports it as a usage error (exit status 2)."""
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.errors import Eagle3Error
+
 ROLES = ("system", "user", "assistant", "tool")
 _SHAREGPT_ROLES = {
     "human": "user",
@@ -43,11 +45,11 @@ _SHAREGPT_ROLES = {
 BUILTIN_CHATTERBOT = "builtin:chatterbot"
 
 
-class RowError(ValueError):
+class RowError(Eagle3Error, ValueError):
     """One input row is malformed; the message says why (the caller adds where)."""
 
 
-class SourceError(ValueError):
+class SourceError(Eagle3Error, ValueError):
     """The input itself cannot be read (missing file, unknown format, missing package)."""
 
 

@@ -12,8 +12,10 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from eagle3.core.errors import Eagle3Error
 
-class EngineArgsError(ValueError):
+
+class EngineArgsError(Eagle3Error, ValueError):
     """A pass-through engine argument is malformed, unknown to this vLLM, or owned by eagle3."""
 
 

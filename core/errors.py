@@ -1,7 +1,11 @@
 """The root of eagle3's error tree and the errors of the features directory.
 
-They live in the core because the features writer (core) raises them; the SDK's full tree, with these
-re-exported, is documented in ``eagle3.client.errors``.
+``Eagle3Error`` is the one root: every error class eagle3 defines derives from it (checked by
+tests/unit/test_error_root.py, which walks the modules), keeping ``ValueError``/``RuntimeError`` as a
+second base where callers catch those. This module is stdlib-only and imports nothing of ours, so the
+protocol (``core/protocol``, stdlib-only) stands on it too. The console (``eagle3/cli.py``) catches the
+root and prints a one-line error. The SDK's tree, with these re-exported, is documented in
+``eagle3.client.errors`` and importable from ``eagle3`` (``from eagle3 import APIError``).
 """
 
 from __future__ import annotations

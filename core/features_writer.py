@@ -1,8 +1,8 @@
 """Append samples to a features directory (``core/protocol/features.py``), crash-safe and resumable.
 
 Samples accumulate in one shard buffer (about ``shard_mb``; a single larger sample gets a shard of
-its own); a full buffer becomes ``shards/.<name>.<uuid>.tmp`` (safetensors via
-``eagle3.core.codec.safetensors_parts``), is fsynced, renamed to its final name, the directory fsynced,
+its own); a full buffer becomes ``shards/.<name>.<pid>-<random>.tmp`` (``core/atomic_write.py``;
+safetensors via ``eagle3.core.codec.safetensors_parts``), is fsynced, renamed to its final name, the directory fsynced,
 and only then one manifest line (with the file's xxh3-128) is appended and fsynced. So at any instant
 the manifest lists complete shards only; what a crash leaves behind is an orphan file or a torn last
 manifest line, and ``open`` cleans both up. A full disk raises ``FeaturesWriteError`` with the
@@ -34,6 +34,7 @@ import numpy as np
 import xxhash
 from filelock import FileLock, Timeout
 
+from eagle3.core.atomic_write import fsync_dir, write_atomic
 from eagle3.core.codec import safetensors_parts
 from eagle3.core.errors import FeaturesLockedError, IncompatibleError, InsufficientDiskError
 from eagle3.core.progress import ProgressBar
@@ -48,7 +49,7 @@ from eagle3.core.protocol.features import (
     read_features_meta,
 )
 from eagle3.core.sample import ExtractedSample
-from eagle3.core.shard_files import ShardFile, fsync_dir, shard_checksum_ok, write_atomic, write_error
+from eagle3.core.shard_files import ShardFile, shard_checksum_ok, write_error
 
 logger = logging.getLogger(__name__)
 
@@ -334,21 +335,10 @@ class FeaturesWriter:
 
     def _write_shard(self, name: str, chunks: list[bytes | memoryview]) -> tuple[int, str]:
         final = self.dir / SHARDS_DIR / name
-        tmp = final.with_name(f".{name}.{uuid.uuid4().hex[:8]}.tmp")
         digest = xxhash.xxh3_128()
-        size = 0
         try:
-            with open(tmp, "wb") as fh:
-                for chunk in chunks:
-                    fh.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-            fsync_dir(final.parent)
+            size = write_atomic(final, chunks, on_chunk=digest.update)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise write_error(exc, self.dir, f"writing shard {name}", len(self.records)) from None
         return size, digest.hexdigest()
 

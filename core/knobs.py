@@ -8,16 +8,16 @@ A settings class is a frozen dataclass whose fields carry ``knob(...)`` metadata
         max_batch_tokens: int = knob(8192, "tokens per forward pass")
 
 gives ``--max-batch-tokens`` (type int, the help with its default and variable) and
-``EAGLE3_MAX_BATCH_TOKENS``. Precedence, highest first: a flag given on the command line, the
-environment variable, the ``--config`` file (YAML or JSON, keys are field names or flag names),
-the field's default. ``__post_init__`` of the dataclass validates the result, whatever its source.
+``EAGLE3_MAX_BATCH_TOKENS``. Precedence, highest first: a flag given on the command line, a ``--set
+KEY=VALUE`` override, the environment variable, the ``--config`` file (YAML, JSON or TOML by extension,
+``eagle3.core.config_files``; keys are field names or flag names), the field's default.
+``__post_init__`` of the dataclass validates the result, whatever its source.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import types
 import typing
@@ -26,10 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.config_files import ConfigFileError, merge, read_config_file
+from eagle3.core.errors import Eagle3Error
+
 ENV_PREFIX = "EAGLE3_"
 
 
-class KnobError(ValueError):
+class KnobError(Eagle3Error, ValueError):
     """A flag, variable or config entry has a bad value (a one-line CLI error naming its source)."""
 
 
@@ -115,31 +118,15 @@ def _show(value: Any, k: Knob) -> str:
     return str(value)
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """A YAML or JSON mapping of settings; keys are flag names without the dashes in front
-    (``max-batch-tokens`` or ``max_batch_tokens``; ``max-body-mb`` in MiB like its flag)."""
-    p = Path(path)
+def load_config_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A YAML, JSON or TOML mapping of settings (by extension, ``eagle3.core.config_files``), with
+    ``overrides`` (``parse_set_items`` of ``--set``) merged over it; keys are flag names without the
+    dashes in front (``max-batch-tokens`` or ``max_batch_tokens``; ``max-body-mb`` in MiB like its flag)."""
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise KnobError(f"--config {p}: cannot read ({exc.strerror})") from None
-    try:
-        if p.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as exc:  # noqa: BLE001 (json.JSONDecodeError or any yaml.YAMLError)
-        kind = "JSON" if p.suffix == ".json" else "YAML"
-        mark = getattr(exc, "problem_mark", None)  # yaml: where it failed; json: in the message
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise KnobError(f"--config {p}{where}: not valid {kind}: {str(exc).splitlines()[0]}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise KnobError(f"--config {p}: expected a mapping of settings, got {type(data).__name__}")
-    return {str(key).replace("-", "_"): value for key, value in data.items()}
+        data = read_config_file(path)
+    except ConfigFileError as exc:
+        raise KnobError(f"--config {exc}") from None
+    return merge(data, dict(overrides or {}))
 
 
 def resolve(
@@ -147,9 +134,12 @@ def resolve(
     args: argparse.Namespace,
     environ: Mapping[str, str] | None = None,
     config: Mapping[str, Any] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Field values from the command line, the environment, a config file and the defaults, in that
-    order of precedence; every value converted to its field's type (scaled where the knob says)."""
+    order of precedence; every value converted to its field's type (scaled where the knob says).
+    ``sources``, when given, gets where each value came from (``--max-batch-tokens``,
+    ``EAGLE3_MAX_BATCH_TOKENS``, ``--config max_batch_tokens``) for the start-up log."""
     environ = os.environ if environ is None else environ
     fields = {f.name: f for f in knob_fields(cls)}
     by_key = {config_key(f): f.name for f in fields.values()}
@@ -170,6 +160,8 @@ def resolve(
         else:
             continue
         out[name] = _convert(cls, f, raw, source)
+        if sources is not None:
+            sources[name] = source
     return out
 
 

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3.core.conversations import Message, RowError
+from eagle3.core.errors import Eagle3Error
 
 
-class TemplateError(ValueError):
+class TemplateError(Eagle3Error, ValueError):
     """The chat template cannot yield a correct loss mask; fatal for the whole dataset."""
 
 

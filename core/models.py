@@ -33,6 +33,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from eagle3.core.errors import Eagle3Error
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -44,12 +46,14 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SOURCE_FILE = "eagle3_source.json"
 
 
-class ModelNotFoundError(ValueError):
+class ModelNotFoundError(Eagle3Error, ValueError):
     """The ``--model`` value is neither a local checkpoint nor an embedded model."""
 
 
 def cache_dir() -> Path:
-    """Root of eagle3's cache: ``$EAGLE3_CACHE_DIR``, else ``$XDG_CACHE_HOME/eagle3``, else ``~/.cache/eagle3``."""
+    """Root of eagle3's model cache (the converted embedded verifier, load times): ``$EAGLE3_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/eagle3``, else ``~/.cache/eagle3``. Only that: the server's feature cache has its
+    own setting (``--feature-cache-dir`` / ``$EAGLE3_FEATURE_CACHE_DIR``) and is never turned on by this."""
     explicit = os.environ.get("EAGLE3_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()

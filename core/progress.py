@@ -4,9 +4,11 @@ log lines where nobody does.
 * A terminal (the stream is a TTY) or a Jupyter kernel: ``tqdm.auto`` (a widget in a notebook, a
   redrawn line in a terminal).
 * Anything else (a k8s Job's log, ``| tee``, CI, a file): one plain line every ``interval_s``
-  (default 30, ``EAGLE3_PROGRESS_INTERVAL_S``) and one at the end, each ending in a newline and
-  containing no ``\\r`` and no escape codes; the text is tqdm's own ``format_meter`` (count, rate,
-  elapsed, ETA), so both modes read the same.
+  (default 30, ``EAGLE3_PROGRESS_INTERVAL_S``) and one at the end unless the last line already showed
+  the final count, each ending in a newline and containing no ``\\r`` and no escape codes; the text is
+  tqdm's own ``format_meter`` (count, rate, elapsed, ETA), so both modes read the same. The console
+  (``eagle3/cli.py``) also turns Hugging Face's own bars off there (``quiet_foreign_bars``): their
+  ``\\r`` frames are noise in a log.
 * ``enabled=False``: nothing.
 
 tqdm is used for the bar and its formatting rather than a hand-written line: it handles terminal
@@ -61,6 +63,7 @@ class ProgressBar:
         )
         self._next_line = self.started + self.interval_s
         self._closed = False
+        self._written: tuple[float, str] | None = None  # (count, postfix) of the last plain line
         self.mode = "off" if enabled is False else "bar" if _interactive(self.stream) else "lines"
         self._bar: Any = None
         if self.mode == "bar":
@@ -98,6 +101,7 @@ class ProgressBar:
     def _write_line(self) -> None:
         self.stream.write(self.line() + "\n")
         self.stream.flush()
+        self._written = (self.n, repr(self.postfix))
 
     def close(self) -> None:
         if self._closed:
@@ -105,7 +109,7 @@ class ProgressBar:
         self._closed = True
         if self._bar is not None:
             self._bar.close()
-        elif self.mode == "lines":
+        elif self.mode == "lines" and self._written != (self.n, repr(self.postfix)):  # else it would repeat
             self._write_line()
 
     def __enter__(self) -> ProgressBar:
@@ -113,6 +117,15 @@ class ProgressBar:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def quiet_foreign_bars(stream: TextIO) -> None:
+    """Where nobody watches ``stream`` (a log), turn off the progress bars of transformers and
+    huggingface_hub (``HF_HUB_DISABLE_PROGRESS_BARS``, read when they are imported, also by child
+    processes such as the demo's server): tqdm writes ``\\r`` frames even into a file. An operator's
+    own setting wins."""
+    if not _interactive(stream):
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def _interactive(stream: TextIO) -> bool:

@@ -1,8 +1,8 @@
 """One shard file of a features directory on disk: writing it crash-safely and checking it.
 
 ``ShardFile`` is a background shard's ``.tmp`` while its samples arrive (``FeaturesWriter`` with
-``background=True``); ``write_atomic`` / ``fsync_dir`` are the write-then-rename steps every file of the
-directory goes through; ``write_error`` turns an ``OSError`` into the ``FeaturesWriteError`` that names
+``background=True``; the other files of the directory go through ``eagle3.core.atomic_write``, as every
+crash-safe file of eagle3 does); ``write_error`` turns an ``OSError`` into the ``FeaturesWriteError`` that names
 what was being written and what survived; ``shard_checksum_ok`` checks a shard against its manifest
 line (xxh3-128, or sha256 in manifests written before it).
 """
@@ -118,24 +118,6 @@ def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
         while chunk := fh.read(chunk_bytes):
             sha.update(chunk)
     return sha.hexdigest()
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_error(exc: OSError, features_dir: Path, what: str, n_shards: int | None = None) -> Exception:

@@ -15,7 +15,6 @@ complete version; a resumed run replays the same data order from the saved globa
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from eagle3.core.atomic_write import atomic_path
+from eagle3.core.atomic_write import write_text_atomic as write_text_atomic  # export.py and train.py take it here
 from eagle3.draft_trainer.errors import CheckpointError
 from eagle3.draft_trainer.model import DraftConfig, EagleDraft
 
@@ -31,23 +32,6 @@ CHECKPOINT_FILE = "checkpoint.pt"
 DRAFT_DIR = "draft"
 DRAFT_WEIGHTS = "model.safetensors"
 DRAFT_CONFIG = "draft_config.json"
-
-
-def _fsync_replace(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    _fsync_replace(tmp, path)
 
 
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:
@@ -70,9 +54,8 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
     path = run_dir / CHECKPOINT_FILE
-    tmp = run_dir / f".{CHECKPOINT_FILE}.tmp"
-    torch.save(_to_cpu(state), tmp)  # CPU tensors: loadable on any host
-    _fsync_replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(_to_cpu(state), tmp)  # CPU tensors: loadable on any host
     return path
 
 
@@ -97,9 +80,8 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
 def save_draft(model: EagleDraft, draft_dir: Path) -> Path:
     draft_dir.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-    tmp = draft_dir / f".{DRAFT_WEIGHTS}.tmp"
-    save_file(tensors, str(tmp))
-    _fsync_replace(tmp, draft_dir / DRAFT_WEIGHTS)
+    with atomic_path(draft_dir / DRAFT_WEIGHTS) as tmp:
+        save_file(tensors, str(tmp))
     write_text_atomic(draft_dir / DRAFT_CONFIG, json.dumps(model.cfg.to_dict(), indent=2) + "\n")
     return draft_dir
 

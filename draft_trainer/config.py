@@ -1,4 +1,5 @@
-"""One typed training config: defaults < config file (JSON or TOML) < ``--set key=value`` overrides.
+"""One typed training config: defaults < config file (YAML, JSON or TOML by extension, read by
+``eagle3.core.config_files`` as ``serve --config`` is) < ``--set key=value`` overrides.
 
 The resolved config is saved as ``RUN/config.json``; ``load_config`` on that file gives it back.
 Unknown keys and values of the wrong type are errors naming the key (and the file).
@@ -8,13 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from eagle3.core.config_files import ConfigFileError, read_config_file
 from eagle3.draft_trainer.errors import ConfigError
 from eagle3.draft_trainer.trackers import parse_log_to
 
@@ -129,17 +130,14 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then the file at ``path`` (``.json`` or ``.toml``), then ``overrides``."""
+    """Defaults, then the file at ``path`` (``.yaml``/``.yml``, ``.json`` or ``.toml``), then ``overrides``."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
         try:
-            text = path.read_text()
-            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'} ({exc})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a table of keys")
+            data = read_config_file(path)
+        except ConfigFileError as exc:
+            raise ConfigError(f"--config {exc}") from None
         values.update({k: _coerce(k, v, str(path)) for k, v in data.items()})
     for key, value in (overrides or {}).items():
         values[key] = _coerce(key, value, "--set")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from eagle3.core.errors import Eagle3Error
 
-class TrainerError(ValueError):
+
+class TrainerError(Eagle3Error, ValueError):
     """Base of the errors a user can fix (bad config, bad data, missing files)."""
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.core.engine_args import EngineArgsError, check_engine_args
+from eagle3.core.errors import Eagle3Error
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory holding ``draft_trainer``
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -52,7 +53,7 @@ LOG_TAIL_CHARS = 4000
 Prompt = Sequence[int] | Sequence[dict[str, str]]  # token ids, or chat messages {"role", "content"}
 
 
-class VllmEvalError(RuntimeError):
+class VllmEvalError(Eagle3Error, RuntimeError):
     """The vLLM evaluation could not run (bad export or input, engine failure, missing counters)."""
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.protocol import iter_prepared, read_meta
 
 VOCAB_FILE = "vocab.safetensors"
@@ -30,7 +31,7 @@ _REPORT_SIZES = (1024, 2048, 4096, 8192, 16384, 32000, 65536)
 _FLUSH_TOKENS = 1 << 20
 
 
-class VocabError(ValueError):
+class VocabError(Eagle3Error, ValueError):
     """The requested draft vocabulary cannot be built (bad size, no assistant tokens)."""
 
 

@@ -13,6 +13,11 @@ The SDK's main names are re-exported here, loaded on first use so that importing
 ``eagle3.core.protocol.frames`` loads nothing else::
 
     from eagle3 import ExtractionClient
+
+and so is the error tree, as openai-python's is (one root, ``Eagle3Error``; eagle3.client.errors
+draws it)::
+
+    from eagle3 import APIError, Eagle3Error, RateLimitError
 """
 
 from __future__ import annotations
@@ -33,26 +38,87 @@ _EXPORTS = {
     "prepare_dataset": "eagle3.client.prepare",
     "PrepareConfig": "eagle3.client.prepare",
     "FeaturesReader": "eagle3.core.features_reader",
+    "FeaturesDataset": "eagle3.core.features_dataset",
     "Eagle3Error": "eagle3.core.errors",
+    "FeaturesLockedError": "eagle3.core.errors",
+    "FeaturesWriteError": "eagle3.core.errors",
+    "IncompatibleError": "eagle3.core.errors",
+    "InsufficientDiskError": "eagle3.core.errors",
+    "APIConnectionError": "eagle3.client.errors",
+    "APIError": "eagle3.client.errors",
+    "APIStatusError": "eagle3.client.errors",
+    "APITimeoutError": "eagle3.client.errors",
+    "AuthenticationError": "eagle3.client.errors",
+    "BadRequestError": "eagle3.client.errors",
+    "InternalServerError": "eagle3.client.errors",
+    "InvalidSampleError": "eagle3.client.errors",
+    "NoServerAvailableError": "eagle3.client.errors",
+    "PayloadTooLargeError": "eagle3.client.errors",
+    "RateLimitError": "eagle3.client.errors",
+    "SampleFailedError": "eagle3.client.errors",
+    "ServiceUnavailableError": "eagle3.client.errors",
+    "StreamError": "eagle3.client.errors",
 }
 
 if TYPE_CHECKING:
     from eagle3.client.async_sdk import AsyncExtractionClient
+    from eagle3.client.errors import (
+        APIConnectionError,
+        APIError,
+        APIStatusError,
+        APITimeoutError,
+        AuthenticationError,
+        BadRequestError,
+        InternalServerError,
+        InvalidSampleError,
+        NoServerAvailableError,
+        PayloadTooLargeError,
+        RateLimitError,
+        SampleFailedError,
+        ServiceUnavailableError,
+        StreamError,
+    )
     from eagle3.client.extract import ExtractConfig, extract_dataset
     from eagle3.client.prepare import PrepareConfig, prepare_dataset
     from eagle3.client.sdk import ExtractionClient
-    from eagle3.core.errors import Eagle3Error
+    from eagle3.core.errors import (
+        Eagle3Error,
+        FeaturesLockedError,
+        FeaturesWriteError,
+        IncompatibleError,
+        InsufficientDiskError,
+    )
+    from eagle3.core.features_dataset import FeaturesDataset
     from eagle3.core.features_reader import FeaturesReader
     from eagle3.core.sample import ExtractedSample
 
 __all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APIStatusError",
+    "APITimeoutError",
     "AsyncExtractionClient",
+    "AuthenticationError",
+    "BadRequestError",
     "Eagle3Error",
     "ExtractConfig",
     "ExtractedSample",
     "ExtractionClient",
+    "FeaturesDataset",
+    "FeaturesLockedError",
     "FeaturesReader",
+    "FeaturesWriteError",
+    "IncompatibleError",
+    "InsufficientDiskError",
+    "InternalServerError",
+    "InvalidSampleError",
+    "NoServerAvailableError",
+    "PayloadTooLargeError",
     "PrepareConfig",
+    "RateLimitError",
+    "SampleFailedError",
+    "ServiceUnavailableError",
+    "StreamError",
     "extract_dataset",
     "prepare_dataset",
 ]

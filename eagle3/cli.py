@@ -20,40 +20,48 @@ from typing import NoReturn
 from eagle3 import __version__
 from eagle3.client.cli import add_prepare_command
 from eagle3.client.distill_cli import add_distill_command
-from eagle3.client.errors import Eagle3Error
 from eagle3.client.extract_cli import add_extract_command
-from eagle3.client.prepare import PrepareError
-from eagle3.client.prepare_workers import WorkerError
 from eagle3.client.self_instruct_cli import add_self_instruct_command
 from eagle3.core.cli_args import MissingModelError
-from eagle3.core.conversations import SourceError
-from eagle3.core.masking import TemplateError
-from eagle3.core.models import ModelNotFoundError
-from eagle3.core.protocol import PreparedFormatError
-from eagle3.core.protocol.features import FeaturesFormatError
+from eagle3.core.errors import Eagle3Error
+from eagle3.core.progress import quiet_foreign_bars
 from eagle3.demo import add_demo_command
 from eagle3.draft_trainer.cli import add_trainer_commands, add_vocab_command
-from eagle3.draft_trainer.errors import TrainerError
-from eagle3.draft_trainer.evaluate_vllm import VllmEvalError
-from eagle3.draft_trainer.vocab import VocabError
 from eagle3.server.cli import add_serve_command
-from eagle3.server.config import SettingsError
 
-USER_ERRORS = (
-    Eagle3Error,
-    FeaturesFormatError,
-    ModelNotFoundError,
-    PrepareError,
-    PreparedFormatError,
-    SettingsError,
-    SourceError,
-    TemplateError,
-    TrainerError,
-    VllmEvalError,
-    VocabError,
-    WorkerError,
-    OSError,  # unreadable input, unwritable output directory, ...
-)
+# Every error eagle3 raises on purpose derives from Eagle3Error (core/errors.py); OSError covers an
+# unreadable input or an unwritable output directory. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (Eagle3Error, OSError)
+
+# A third-party module a command imports when it runs -> the extra of pyproject.toml that installs it. The
+# bare `pip install eagle3` is the SDK and prepare; a command that needs more names its extra instead of
+# ending in a ModuleNotFoundError traceback. torch comes with several extras: which one depends on the command.
+EXTRA_OF_MODULE = {
+    "fastapi": "server",
+    "uvicorn": "server",
+    "starlette": "server",
+    "pydantic": "server",
+    "prometheus_client": "server",
+    "vllm": "vllm",
+    "gguf": "embedded",
+    "accelerate": "embedded",
+    "datasets": "data",
+    "pyarrow": "data",
+    "tensorboard": "track",
+    "wandb": "track",
+    "PIL": "train",
+}
+TORCH_EXTRA_OF_COMMAND = {"serve": "server", "demo": "server,train", "prepare": "embedded", "distill": "embedded"}
+
+
+def missing_extra(command: str, module: str | None) -> str | None:
+    """The one-line error for a command whose optional dependency ``module`` is not installed, or None
+    when ``module`` belongs to no extra (a broken base install or a bug keeps its traceback)."""
+    top = (module or "").split(".")[0]
+    extra = TORCH_EXTRA_OF_COMMAND.get(command, "train") if top == "torch" else EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    return f"this command needs {top!r}, which is not installed: pip install 'eagle3[{extra}]'"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -87,6 +95,8 @@ def build_parser() -> ArgumentParser:
     add_trainer_commands(sub)
     add_demo_command(sub)
     add_serve_command(sub)
+    for command in _subcommands(parser).values():  # `eagle3 train -v ...` as well as `eagle3 -v train ...`
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
     return parser
 
 
@@ -126,12 +136,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not args.verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request is noise
+    quiet_foreign_bars(sys.stderr)  # transformers' \r bar frames in a log (make demo > log)
     try:
         return int(args.func(args))
     except MissingModelError as exc:
         _subcommands(parser)[args.command].error(str(exc))
     except USER_ERRORS as exc:
         print(f"eagle3 {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        message = missing_extra(args.command, exc.name)
+        if message is None:
+            raise
+        print(f"eagle3 {args.command}: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"eagle3 {args.command}: interrupted", file=sys.stderr)

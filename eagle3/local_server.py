@@ -1,8 +1,10 @@
 """A local ``eagle3 serve`` subprocess: what ``eagle3 demo`` and the benchmarks talk to over HTTP.
 
 ``LocalServer(args).start()`` launches ``python -m eagle3 serve`` on a free loopback port with its log
-in a file, ``wait_ready`` polls ``/readyz`` (printing the load phase when asked) and fails with the log's
-tail if the process dies; ``stop`` sends SIGTERM (the server drains) and kills after ``stop_timeout_s``.
+in a file, ``wait_ready`` polls ``/readyz`` (printing the load phase when asked) and raises
+``LocalServerError`` with the log's tail if the process exits (a configuration error exits with status 2)
+or reports ``failed`` (a load failure: waiting longer cannot help); ``stop`` sends SIGTERM (the server
+drains) and kills after ``stop_timeout_s``.
 Used as a context manager it always stops the process, also on KeyboardInterrupt.
 """
 
@@ -21,7 +23,14 @@ from typing import IO
 
 import httpx
 
+from eagle3.core.errors import Eagle3Error
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class LocalServerError(Eagle3Error, RuntimeError):
+    """The local ``eagle3 serve`` exited, failed to load, or was not ready in time (the message ends with
+    the tail of its log)."""
 
 
 def free_port() -> int:
@@ -86,19 +95,22 @@ class LocalServer:
         last_phase = ""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"eagle3 serve exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise LocalServerError(f"eagle3 serve exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
                 response = httpx.get(f"{self.url}/readyz", timeout=5.0)
                 if response.status_code == 200:
                     return
-                phase = str(response.json().get("phase", ""))
+                body = response.json()
+                phase = str(body.get("phase", ""))
+                if body.get("status") == "failed":
+                    raise LocalServerError(f"eagle3 serve could not load the model ({phase}):\n{self.log_tail()}")
                 if on_phase is not None and phase and phase != last_phase:
                     on_phase(phase)
                 last_phase = phase
             except (httpx.TransportError, ValueError):
                 pass
             time.sleep(0.5)
-        raise TimeoutError(f"eagle3 serve not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+        raise LocalServerError(f"eagle3 serve not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def peak_rss_bytes(self) -> int:
         return peak_rss_bytes(self.process.pid) if self.process is not None else 0

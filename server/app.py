@@ -26,7 +26,8 @@ from eagle3.server.backends import Backend
 from eagle3.server.config import ServerSettings
 from eagle3.server.deps import runtime_of
 from eagle3.server.errors import ApiError
-from eagle3.server.openapi import install_openapi, package_version
+from eagle3.server.metrics import package_version
+from eagle3.server.openapi import install_openapi
 from eagle3.server.request_limits import (
     install_access_log_redaction,
 )

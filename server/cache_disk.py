@@ -1,4 +1,4 @@
-"""The feature cache's disk tier (``--cache-dir``, ``--cache-gb``): one file per extracted sample.
+"""The feature cache's disk tier (``--feature-cache-dir``, ``--cache-gb``): one file per extracted sample.
 
 Layout: ``<cache_dir>/v2/<key[:2]>/<key>.e3c`` where ``key`` is the entry's 32 hex digits
 (``server/feature_cache.py``: xxh3-128 of everything that determines the bytes), and
@@ -16,9 +16,10 @@ directory run as one user), and a secret readable by group or others is refused 
 
 Invariants:
 
-* A file under its final name is complete: written as ``<name>.tmp-<pid>-<random>`` in the same
-  directory, fsynced, then ``os.replace``d (atomic on POSIX); a crash leaves at most a ``.tmp-`` file,
-  removed by the next scan. Two servers sharing the directory may write the same entry at once: each
+* A file under its final name is complete: written by ``eagle3.core.atomic_write`` as
+  ``.<name>.<pid>-<random>.tmp`` in the same directory, fsynced, then ``os.replace``d (atomic on POSIX;
+  no directory fsync: a lost entry is only recomputed); a crash leaves at most a temporary file, removed
+  by the next scan. Two servers sharing the directory may write the same entry at once: each
   rename installs a whole file, and both hold the same bytes.
 * A read checks the magic, the sizes the header declares against the file's size, the checksum and
   the stored token ids against the asked ones; any failure is a miss (the file is deleted), never a
@@ -43,7 +44,6 @@ import queue
 import struct
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from eagle3.core.atomic_write import is_temp_name, temp_path, write_atomic
+from eagle3.core.errors import Eagle3Error
 
 logger = logging.getLogger(__name__)
 MAGIC = b"E3FCACHE"
@@ -66,11 +69,11 @@ DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.f
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-class CorruptEntryError(ValueError):
+class CorruptEntryError(Eagle3Error, ValueError):
     """A cache file that fails a check (truncated, wrong magic, MAC, sizes, other token ids)."""
 
 
-class CacheSecretError(OSError):
+class CacheSecretError(Eagle3Error, OSError):
     """The cache directory's secret cannot be used (readable by others, wrong size, unreadable)."""
 
 
@@ -83,7 +86,7 @@ def load_secret(root: Path) -> bytes:
     together agree on one). Refused when group or others may read it: they could forge entries."""
     path = root / SECRET_NAME
     if not path.exists():
-        tmp = root / f".{SECRET_NAME}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = temp_path(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -198,7 +201,7 @@ class DiskTier:
                     st = path.stat()
                 except FileNotFoundError:
                     continue
-                if ".tmp-" in path.name:
+                if is_temp_name(path.name):
                     if time.time() - st.st_mtime > 60:  # another live server may be writing a young one
                         path.unlink(missing_ok=True)
                 elif path.name.endswith(SUFFIX):
@@ -293,17 +296,7 @@ class DiskTier:
             return
         path = self.path(key)
         path.parent.mkdir(exist_ok=True, mode=DIR_MODE)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as fh:
-                for part in parts:
-                    fh.write(part)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(path, parts, sync_dir=False, mode=FILE_MODE)
         with self._lock:
             if key not in self._index:
                 self.bytes += size

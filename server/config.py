@@ -10,7 +10,7 @@ from pathlib import Path
 
 from eagle3.core.cli_args import MODEL_CHOICES_TEXT, MODEL_REQUIRED, MissingModelError
 from eagle3.core.engine_args import EngineArgsError, parse_engine_args
-from eagle3.core.knobs import Knob, KnobError, knob
+from eagle3.core.knobs import Knob, KnobError, knob, knob_fields
 from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol.wire import REQUEST_CODECS
 from eagle3.server.backends.base import SyntheticOptions, VllmOptions
@@ -84,8 +84,9 @@ class ServerSettings:
     # feature cache (server/feature_cache.py) and the interactive lane (server/lanes.py)
     cache_memory_bytes: int = knob(1 << 30, "MiB of extracted samples kept in memory for repeats (0: no memory tier)",
                                    flag="--cache-memory-mb", scale=2**20)  # fmt: skip
+    # --feature-cache-dir / EAGLE3_FEATURE_CACHE_DIR: not EAGLE3_CACHE_DIR, which is the model cache's root only
     cache_dir: str | None = knob(None, "directory of the feature cache's disk tier (survives restarts; may be "
-                                 "shared by several servers)")  # fmt: skip
+                                 "shared by several servers)", flag="--feature-cache-dir")  # fmt: skip
     cache_disk_bytes: int = knob(16 << 30, "GiB the disk tier may hold (least recently used entries go first)",
                                  flag="--cache-gb", scale=2**30)  # fmt: skip
     cache_scope: str = knob("shared", "shared: one cache for every tenant (a hit, and its latency, tells any "
@@ -130,6 +131,8 @@ class ServerSettings:
     api_keys_text: str | None = field(default=None, repr=False)
     # derived: key -> tenant, from api_key, api_keys_file and api_keys_text (or given directly)
     api_keys: dict[str, str] = field(default_factory=dict, repr=False)
+    # where each setting not left at its default came from (flag, --set, variable, --config): the start-up log
+    sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.api_key or self.api_keys_file or self.api_keys_text:
@@ -227,6 +230,18 @@ class ServerSettings:
     def cache_on(self) -> bool:
         """The feature cache is on when either tier has room."""
         return self.cache_memory_bytes > 0 or self.cache_dir is not None
+
+    def effective(self) -> dict[str, str]:
+        """``{name: "value (source)"}`` of every setting given by a flag, ``--set``, a variable or ``--config``
+        (vLLM logs its non-default args the same way); secrets as ``***``, API keys as their tenant count."""
+        out = {}
+        for f in knob_fields(type(self)):
+            if f.name in self.sources:
+                value = "***" if f.metadata["knob"].secret else repr(getattr(self, f.name))
+                out[f.name] = f"{value} ({self.sources[f.name]})"
+        if self.api_keys:
+            out["api_keys"] = f"{len(set(self.api_keys.values()))} tenant(s)"
+        return out
 
     @property
     def request_token_cap(self) -> int:

@@ -7,10 +7,11 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.protocol.error_types import default_type, is_retryable
 
 
-class ApiError(Exception):
+class ApiError(Eagle3Error):
     def __init__(
         self,
         status: int,

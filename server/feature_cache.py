@@ -1,4 +1,4 @@
-"""A content-addressed cache of extracted samples (``--cache-memory-mb``, ``--cache-dir``, ``--cache-gb``).
+"""A content-addressed cache of extracted samples (``--cache-memory-mb``, ``--feature-cache-dir``, ``--cache-gb``).
 
 Key: xxh3-128 of the *namespace* (everything about the server that determines the bytes: the model
 identity (``ModelIdentity``: checkpoint id, its revision by the weights' content, layer ids, sizes,

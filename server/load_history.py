@@ -4,19 +4,19 @@ not move (within a long step, such as vLLM reading a 1 TB checkpoint, the engine
 server/backends/vllm_phases.py, stand still).
 
 File: ``<cache>/load-times.json`` (``eagle3.core.models.cache_dir``), ``{key: seconds}``, where the
-key names what decides the load time: model, backend, tensor parallel size, dtype. Written with a
-temporary file and a rename; an unreadable file counts as empty (the estimate is a hint, never an
-error), and a cache directory that cannot be written is logged and ignored.
+key names what decides the load time: model, backend, tensor parallel size, dtype. Written atomically
+and durably (``eagle3.core.atomic_write``: a temporary file, fsync, rename); an unreadable file counts
+as empty (the estimate is a hint, never an error), and a cache directory that cannot be written is
+logged and ignored.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 
+from eagle3.core.atomic_write import write_text_atomic
 from eagle3.core.models import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -50,9 +50,6 @@ def record_load_s(key: str, seconds: float) -> None:
     path = _path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".load-times-", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError as exc:
         logger.warning("could not record the load time in %s: %s", path, exc)

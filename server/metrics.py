@@ -2,8 +2,13 @@
 gauges read at scrape time, plus the short history the status page shows (throughput over the last
 minutes, the last errors).
 
-Every ``Metrics`` owns its own ``CollectorRegistry`` (two apps in one process share nothing; no
-global default registry). The exposition is ``prometheus_client.generate_latest``: label values are
+Every ``Metrics`` owns its own ``CollectorRegistry`` for eagle3's series (two apps in one process share
+nothing). The exposition is that registry followed by the process-wide default registry: the
+``process_*`` and ``python_*`` collectors prometheus_client registers there, and with the vllm backend
+vLLM's own engine series (``vllm:kv_cache_usage_perc``, ``vllm:num_requests_running``/``waiting``,
+``vllm:prompt_tokens_total``, ...), which vLLM's stat logger registers there. ``eagle3_info`` (always 1)
+carries ``version``, ``backend`` and ``model`` as labels. The exposition is
+``prometheus_client.generate_latest``: label values are
 escaped by the library (a tenant named ``a"b`` or with a newline cannot break a scrape). Label
 values are tenant names and fixed reasons, never keys or request ids. prometheus_client's metric
 objects are thread-safe, so the event loop, the scheduler thread and the encoder pool update them
@@ -12,6 +17,7 @@ without a lock of ours.
 
 from __future__ import annotations
 
+import importlib.metadata
 import threading
 import time
 from collections import deque
@@ -19,12 +25,22 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 Labels = tuple[tuple[str, str], ...]
+
+
+def package_version() -> str:
+    """eagle3's installed version (``/openapi.json``, ``eagle3_info``, the start-up log)."""
+    try:
+        return importlib.metadata.version("eagle3")
+    except importlib.metadata.PackageNotFoundError:  # a checkout run without installing
+        return "0+unknown"
+
+
 GaugeFn = Callable[[], Iterable[tuple[str, str, Labels, float]]]  # name, help, labels, value
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)  # forward-pass tokens / max_batch_tokens
@@ -100,6 +116,7 @@ class _ScrapeGauges(Collector):
                 counters[name] = CounterMetricFamily(name, text, labels=[k for k, _ in labels])
             counters[name].add_metric([v for _, v in labels], value)
         yield from counters.values()
+        yield InfoMetricFamily("eagle3", "The server: eagle3 version, backend and model", value=dict(m.info))
         families: dict[str, GaugeMetricFamily] = {}
         for name, text, labels, value in gauges:
             if name not in families:
@@ -114,6 +131,7 @@ class Metrics:
         self.load_time_s = 0.0
         self.gauges: GaugeFn = lambda: ()
         self.scrape_counters: GaugeFn = lambda: ()  # counters kept elsewhere (the feature cache's), read when scraped
+        self.info: dict[str, str] = {"version": package_version(), "backend": "", "model": ""}  # eagle3_info
         self._lock = threading.Lock()  # the history deques only
         self.reset()
 
@@ -221,8 +239,8 @@ class Metrics:
             return [(now - start, n / THROUGHPUT_BUCKET_S) for start, n in self._throughput]
 
     def render(self) -> str:
-        """The Prometheus text exposition (``CONTENT_TYPE``)."""
-        return generate_latest(self.registry).decode()
+        """The Prometheus text exposition (``CONTENT_TYPE``): eagle3's series, then the process-wide ones."""
+        return (generate_latest(self.registry) + generate_latest(REGISTRY)).decode()
 
     def snapshot(self) -> dict[str, Any]:
         """Totals per tenant for the status page, read from the same registry as ``/metrics``."""

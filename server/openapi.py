@@ -12,7 +12,6 @@ binary frame stream of docs/protocol.md rather than JSON.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import Depends, FastAPI
@@ -21,13 +20,6 @@ from fastapi.responses import JSONResponse
 from eagle3.core.protocol.frames import CONTENT_TYPE
 from eagle3.server.deps import authenticate_unless
 from eagle3.server.validation import ExtractRequest
-
-
-def package_version() -> str:
-    try:
-        return version("eagle3")
-    except PackageNotFoundError:  # a checkout run without installing
-        return "0+unknown"
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -15,13 +15,14 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from eagle3.core.errors import Eagle3Error
 from eagle3.server.errors import ApiError
 
 logger = logging.getLogger(__name__)
 JSON_TYPES = ("application/json",)
 
 
-class ClientGoneError(Exception):
+class ClientGoneError(Eagle3Error):
     """The client closed its connection before its body arrived (nothing to answer)."""
 
 

@@ -1,10 +1,11 @@
 """The server's logs: one line per finished extract request, one per other API call (probes and
 scrapes excluded), and the format of every line (``--log-format text|json``).
 
-JSON lines carry ``ts`` (RFC 3339, UTC), ``level``, ``logger``, ``message`` and, for request lines,
-the fields of the request as top-level keys (``request_id``, ``tenant``, ``samples``, ``failed``,
-``tokens``, ``bytes``, ``duration_s``, ``outcome``): what a log pipeline indexes without a regex.
-The standard library's ``logging`` is enough for this (a ``Formatter`` subclass); no dependency.
+JSON lines (``eagle3.core.json_log.JsonFormatter``, the same for vLLM's loggers with the vllm backend)
+carry ``ts`` (RFC 3339, UTC), ``level``, ``logger``, ``message`` and, for request lines, the fields of the
+request as top-level keys (``request_id``, ``tenant``, ``samples``, ``failed``, ``tokens``, ``bytes``,
+``duration_s``, ``outcome``): what a log pipeline indexes without a regex. The status page (``/``, which
+a browser reloads every 5 s) and ``/v1/status`` are logged at debug only, like scrapes.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import json
 import logging
 import re
 import time
-from datetime import UTC, datetime
 from typing import Any, Protocol
+
+from eagle3.core.json_log import JsonFormatter
 
 request_logger = logging.getLogger("eagle3.server.requests")
 QUIET_PATHS = frozenset({"/livez", "/readyz"})  # probes: never logged
-SCRAPE_PATHS = frozenset({"/metrics"})  # logged at debug only (a scrape every 15 s is noise)
+# debug only: a scrape every 15 s, the status page's refresh every 5 s (and its JSON twin) would be noise
+SCRAPE_PATHS = frozenset({"/metrics", "/", "/v1/status"})
 WARMUP_TENANT = "_warmup"
 PLAIN_RE = re.compile(r"^[A-Za-z0-9_.:/-]+$")
 
@@ -59,22 +62,6 @@ def log_api_call(method: str, path: str, status: int, duration_s: float, request
     fields = {"request_id": request_id, "method": method, "path": path, "status": status,
               "duration_s": round(duration_s, 4)}  # fmt: skip
     request_logger.log(level, "%s %s %d %.1f ms", method, path, status, duration_s * 1000, extra={"fields": fields})
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line (k8s log collectors)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        out.update(getattr(record, "fields", {}))
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
 
 
 def configure_logging(level: str, log_format: str) -> None:

@@ -27,11 +27,22 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from eagle3.core.cli_args import MissingModelError
+from eagle3.core.engine_args import EngineArgsError
+from eagle3.core.knobs import KnobError
 from eagle3.core.masking import ChatTokenizer
+from eagle3.core.models import ModelNotFoundError
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec
 from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
-from eagle3.server.backends import Backend, BackendConfig, BackendError, BackendInfo, make_backend
+from eagle3.server.backends import (
+    Backend,
+    BackendConfig,
+    BackendConfigError,
+    BackendError,
+    BackendInfo,
+    make_backend,
+)
 from eagle3.server.chat_limits import ChatLimits, chat_limits
 from eagle3.server.codec_choice import choose_codec, measure_encode_mb_s
 from eagle3.server.config import ServerSettings
@@ -91,6 +102,7 @@ class Runtime:
         self.tokenize_pool = ThreadPoolExecutor(max_workers=TOKENIZE_WORKERS, thread_name_prefix="eagle3-tok")
         self.tokenize_slots = threading.BoundedSemaphore(TOKENIZE_QUEUE)
         self.metrics = Metrics()
+        self.metrics.info.update(backend=settings.backend, model=settings.backend_model)  # eagle3_info; set at load
         self._malloc_trim = load_malloc_trim()
         self.scheduler = Scheduler(
             self._extract,
@@ -112,6 +124,7 @@ class Runtime:
         self.phase = "starting"
         self.progress = 0.0
         self.error: str | None = None
+        self.exit_status: int | None = None  # set on a load failure no restart can cure (see _failed)
         self.started_at = time.monotonic()
         self._load_key = load_key(
             settings.backend_model, settings.backend, settings.tensor_parallel_size or 1, settings.dtype
@@ -171,6 +184,7 @@ class Runtime:
             self.chat_limits = chat_limits(self.chat, info.max_model_len) if self.chat is not None else None
             self.stop_token_ids = default_stop_token_ids(info.model_dir, self.chat)
             self.info = info
+            self.metrics.info.update(backend=info.backend, model=info.model_id)
             bytes_per_token = info.n_layers_out * info.hidden_size * STATE_BYTES.get(info.dtype, 4)
             self.scheduler.max_buffered_tokens = request_buffer_tokens(
                 s.max_batch_tokens, bytes_per_token, s.request_buffer_bytes
@@ -200,10 +214,20 @@ class Runtime:
             logger.info(
                 "ready: %s (%s, %s) in %.1f s", info.model_id, info.backend, info.device, self.metrics.load_time_s
             )
-        except Exception as exc:  # reported on /readyz; the process stays up for the operator to see it
+        except Exception as exc:  # noqa: BLE001 - any load failure is reported on /readyz (see _failed)
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """A load failure: ``failed`` on /readyz. A configuration error (``retry_could_cure`` False) also
+        sets ``exit_status`` 2: ``eagle3 serve`` then exits (server/serve.py), as ``vllm serve`` does,
+        instead of staying up until a liveness probe restarts it into the same error."""
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.status, self.phase = "failed", f"failed: {self.error}"[:500]
+        if retry_could_cure(exc):
             logger.exception("backend failed to load")
-            self.error = f"{type(exc).__name__}: {exc}"
-            self.status, self.phase = "failed", f"failed: {self.error}"[:500]
+        else:
+            logger.error("backend cannot load with these settings (a restart would fail the same way): %s", exc)
+            self.exit_status = 2
 
     def _open_cache(self, info: BackendInfo) -> None:
         """The feature cache for this backend's identity (server/feature_cache.py); its series join /metrics."""
@@ -315,6 +339,25 @@ class Runtime:
                 "max_payload_bytes": s.max_payload_bytes,
             },
         )
+
+
+# Load failures that the same settings reproduce on every start: a bad flag, variable or config entry,
+# an unknown or reserved --engine-arg, a --model that names nothing, a setting the backend cannot load, a
+# package the backend needs and this environment lacks.
+CONFIGURATION_ERRORS = (
+    KnobError,
+    EngineArgsError,
+    ModelNotFoundError,
+    MissingModelError,
+    BackendConfigError,
+    ModuleNotFoundError,
+)
+
+
+def retry_could_cure(exc: BaseException) -> bool:
+    """False for a configuration error; True for everything else (an engine that ran out of memory, a
+    download or a disk that failed, a bug: a restart may get past them)."""
+    return not isinstance(exc, CONFIGURATION_ERRORS)
 
 
 def load_chat_tokenizer(model_dir: str) -> ChatTokenizer | None:

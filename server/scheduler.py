@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.server.feature_cache import FeatureCache, compute_with_cache
 from eagle3.server.lanes import BULK, lane_of, lane_requests
@@ -60,7 +61,7 @@ def sample_error(exc: Exception) -> dict[str, Any]:
     return error_meta(type_, f"{type(exc).__name__}: {exc}"[:500])
 
 
-class AdmissionError(Exception):
+class AdmissionError(Eagle3Error):
     """Refused before any work: maps to an HTTP error (429 rate_limited, 503 unavailable)."""
 
     def __init__(self, status: int, type_: str, reason: str, message: str, retry_after_s: int) -> None:

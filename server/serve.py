@@ -5,6 +5,10 @@ Exit is bounded: the first SIGTERM/SIGINT drains (``Runtime.drain``: at most ``d
 stops the runtime; if the process is still up ``SHUTDOWN_GRACE_S`` after the drain ended, a watchdog
 kills its child processes and exits 1. A second SIGTERM/SIGINT at any point does the same at once
 (status 128 + signal number).
+
+A load failure that no restart can cure (a configuration error: ``Runtime.exit_status``, see
+``retry_could_cure`` in server/runtime.py) shuts the server down and exits with status 2, as ``vllm
+serve`` does on bad arguments; any other load failure keeps the process up, ``failed`` on /readyz.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import uvicorn
 from eagle3.server.app import create_app
 from eagle3.server.config import ServerSettings
 from eagle3.server.header_timeout import header_timeout_protocol
+from eagle3.server.metrics import package_version
 from eagle3.server.request_log import configure_logging
 
 logger = logging.getLogger(__name__)
@@ -55,6 +60,12 @@ class DrainingServer(uvicorn.Server):
         if self.started and self.servers:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
             print(f"eagle3 serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)  # noqa: T201
+
+    async def on_tick(self, counter: int) -> bool:
+        runtime = getattr(self.app.state, "runtime", None)
+        if runtime is not None and runtime.exit_status is not None:
+            return True  # a configuration error: shut down (serve() then exits with its status)
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: Any) -> None:  # noqa: ARG002 (uvicorn's signature)
         # Not recorded in _captured_signals: uvicorn would re-raise it on exit and the status would be -15.
@@ -97,7 +108,20 @@ def uvicorn_config(settings: ServerSettings, app: Any) -> uvicorn.Config:
     )
 
 
-def serve(settings: ServerSettings) -> None:
+def serve(settings: ServerSettings) -> int:
+    """Serve until drained; the exit status (0, or 2 after a load failure no restart can cure)."""
     configure_logging(settings.log_level, settings.log_format)
+    effective = settings.effective()
+    logger.info(
+        "eagle3 %s serve; settings not at their default: %s",
+        package_version(),
+        ", ".join(f"{k}={v}" for k, v in effective.items()) or "none",
+        extra={"fields": {"settings": effective}},  # --log-format json: one object, not a string to parse
+    )
     app = create_app(settings, freeze_gc_when_ready=True)  # this process lives exactly as long as the app
     DrainingServer(uvicorn_config(settings, app), app).run()
+    runtime = app.state.runtime
+    if runtime.exit_status is not None:
+        print(f"eagle3 serve: error: {runtime.error}", file=sys.stderr, flush=True)  # noqa: T201
+        return int(runtime.exit_status)
+    return 0

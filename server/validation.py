@@ -119,6 +119,15 @@ def check_samples(
         total += len(ids)
         out.append(Sample(i, s.id, ids, mask))
     if total > max_request_tokens:
+        if len(req.samples) == 1:  # one sample cannot be split across requests: say what can be done instead
+            raise ApiError(
+                400,
+                f"sample {req.samples[0].id!r} has {total} tokens, over the per-request limit of "
+                f"{max_request_tokens} (max_request_tokens on /v1/info); a sample is never split across "
+                f"requests: truncate it to at most {max_request_tokens} tokens, or run the server with a larger "
+                "--max-request-tokens (and in-flight quotas)",
+                param="samples[0].input_ids",
+            )
         raise ApiError(
             400,
             f"request has {total} tokens, over the per-request limit of {max_request_tokens}; "
@@ -152,10 +161,17 @@ def check_chat_size(req: ExtractRequest, limits: ChatLimits, max_request_tokens:
             )
         total += chars
     if total > limits.request_chars(max_request_tokens):
+        one = len(req.samples) == 1  # one conversation cannot be split across requests
         raise ApiError(
             400,
             f"the request's messages have {total} characters, more than its {max_request_tokens}-token cap "
-            "can hold; split it into several requests",
+            "can hold; "
+            + (
+                "a sample is never split across requests: shorten the conversation, or run the server with a "
+                "larger --max-request-tokens"
+                if one
+                else "split it into several requests"
+            ),
             param="samples",
         )
 

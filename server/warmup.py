@@ -27,6 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from eagle3.core.codec import decode_payload, parse_safetensors
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec, FrameDecoder, FrameType
 from eagle3.core.protocol.wire import DataMeta, EndMeta
 from eagle3.server.codec_choice import AUTO, AUTO_COMPRESSED
@@ -46,7 +47,7 @@ WARMUP_CHAT = [
 ]
 
 
-class WarmupError(RuntimeError):
+class WarmupError(Eagle3Error, RuntimeError):
     """The warm-up request did not come back as sent (the server must not report ready)."""
 
 

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.protocol.model_identity import ModelIdentity
 
 FEATURES_SCHEMA_VERSION = 1
@@ -47,7 +48,7 @@ SHARDS_DIR = "shards"
 SHARD_TENSORS = ("hidden_states", "input_ids", "loss_mask", "sample_offsets")
 
 
-class FeaturesFormatError(ValueError):
+class FeaturesFormatError(Eagle3Error, ValueError):
     """A features directory is missing a file, or a manifest line or shard breaks the invariants."""
 
 

@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3.core.errors import Eagle3Error
+
 Buffer = bytes | bytearray | memoryview  # anything zlib.crc32 and a socket write take
 Crc32 = Callable[[Buffer, int], int]  # zlib.crc32's signature and result (any implementation of CRC-32)
 Allocate = Callable[[int], Any]  # n -> a writable buffer of n bytes (its contents are overwritten)
@@ -77,7 +79,7 @@ CODEC_NAMES = {
 }
 
 
-class ProtocolError(Exception):
+class ProtocolError(Eagle3Error):
     """The byte stream is not a valid frame stream (never retry against the same server blindly)."""
 
 

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.errors import Eagle3Error
+
 SCHEMA_VERSION = 1
 SAMPLES_FILE = "samples.jsonl"
 META_FILE = "meta.json"
@@ -58,7 +60,7 @@ def variant_of(sample_id: str) -> tuple[str, int]:
     return (match[1], int(match[2])) if match else (sample_id, 0)
 
 
-class PreparedFormatError(ValueError):
+class PreparedFormatError(Eagle3Error, ValueError):
     """A prepared directory is missing a file or holds a line that breaks the invariants."""
 
 

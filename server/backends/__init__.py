@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 
-from eagle3.server.backends.base import Backend, BackendConfig, BackendError, BackendInfo
+from eagle3.server.backends.base import Backend, BackendConfig, BackendConfigError, BackendError, BackendInfo
 
 __all__ = [
     "Backend",
     "BackendConfig",
+    "BackendConfigError",
     "BackendError",
     "BACKEND_NAMES",
     "BackendInfo",

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.protocol.model_identity import ModelIdentity
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 ProgressCallback = Callable[[str, float], None]  # (phase, fraction in [0, 1])
 
 
-class BackendError(RuntimeError):
+class BackendError(Eagle3Error, RuntimeError):
     """The engine failed on a batch. ``retryable=False`` when the engine rejected the input itself
     (the same sample can only fail again: a SAMPLE_ERROR ``invalid_sample``); True for faults of the
     engine (``backend_error``; core/protocol/error_types.py)."""
@@ -56,6 +57,16 @@ class BackendError(RuntimeError):
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class BackendConfigError(BackendError):
+    """A setting the backend cannot load with (an unknown ``--engine-arg``, ``--aux-layer-ids`` out of
+    range, ``--max-model-len`` over the model's, a ``--device`` this build lacks): every restart with the
+    same settings fails the same way, so ``eagle3 serve`` exits with status 2 instead of staying up as
+    failed (server/runtime.py ``retry_could_cure``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
 
 
 @dataclass(frozen=True)

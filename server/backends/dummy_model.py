@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3.core.models import ModelNotFoundError
+
 DUMMY_PREFIX = "dummy:"
 
 
@@ -44,7 +46,9 @@ def is_dummy(model: str) -> bool:
 def dummy_shape(model: str) -> tuple[str, DummyShape]:
     name = model[len(DUMMY_PREFIX) :].strip().lower()
     if name not in DUMMY_SHAPES:
-        raise ValueError(f"--model {model!r}: unknown dummy shape {name!r} (choose one of {sorted(DUMMY_SHAPES)})")
+        raise ModelNotFoundError(
+            f"--model {model!r}: unknown dummy shape {name!r} (choose one of {sorted(DUMMY_SHAPES)})"
+        )
     return name, DUMMY_SHAPES[name]
 
 

@@ -42,17 +42,18 @@ from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 from eagle3.core.protocol.generate import Sampling
 from eagle3.server.backends.base import (
     BackendConfig,
+    BackendConfigError,
     BackendError,
     BackendInfo,
     Generation,
     ProgressCallback,
     cut_at_stop,
 )
+from eagle3.server.backends.dtypes import DTYPES
 from eagle3.server.backends.dummy_model import build_dummy_model, dummy_revision, is_dummy
 from eagle3.server.backends.identity import backend_info, checkpoint_from_config, open_checkpoint
 
 logger = logging.getLogger(__name__)
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 MAX_PADDING_WASTE = 0.125  # bf16 groups: at most this share of a forward call's tokens is padding
 
 
@@ -77,7 +78,7 @@ class HfBackend:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
-            raise BackendError("--device cuda but torch sees no CUDA device")
+            raise BackendConfigError("--device cuda but torch sees no CUDA device")
         if is_dummy(self.config.model):  # random weights of a named shape, made on the device (dummy_model.py)
             progress("resolving model", 0.0)
             model_dir = resolve_model_dir(DEFAULT_MODEL)  # the tokenizer's

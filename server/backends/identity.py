@@ -22,7 +22,7 @@ from eagle3.core.file_digests import FileDigests
 from eagle3.core.identity import checkpoint_revision, tokenizer_sha256
 from eagle3.core.layers import check_aux_layer_ids, default_aux_layer_ids
 from eagle3.core.models import resolve_model_dir
-from eagle3.server.backends.base import BackendConfig, BackendError, BackendInfo, ProgressCallback
+from eagle3.server.backends.base import BackendConfig, BackendConfigError, BackendError, BackendInfo, ProgressCallback
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +106,11 @@ def checkpoint_from_config(model_dir: Path, hf_config: Any, config: BackendConfi
     try:
         aux = check_aux_layer_ids(config.aux_layer_ids or default_aux_layer_ids(n_layers), n_layers)
     except ValueError as exc:
-        raise BackendError(f"--aux-layer-ids: {exc}") from None
+        raise BackendConfigError(f"--aux-layer-ids: {exc}") from None
     max_len = int(getattr(text, "max_position_embeddings", 0) or 0)
     max_model_len = config.max_model_len or max_len
     if max_len and max_model_len > max_len:
-        raise BackendError(f"--max-model-len {max_model_len} exceeds the model's {max_len}")
+        raise BackendConfigError(f"--max-model-len {max_model_len} exceeds the model's {max_len}")
     return Checkpoint(model_dir, hf_config, text, n_layers, aux, max_model_len)
 
 

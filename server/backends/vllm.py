@@ -57,17 +57,19 @@ from typing import Any
 import torch
 
 from eagle3.core.engine_args import EngineArgsError, check_engine_args
+from eagle3.core.json_log import restyle_as_json, root_logs_json
 from eagle3.core.protocol.generate import Sampling
 from eagle3.server.backends.base import (
     BackendConfig,
+    BackendConfigError,
     BackendError,
     BackendInfo,
     Generation,
     ProgressCallback,
     cut_at_stop,
 )
+from eagle3.server.backends.dtypes import DTYPES
 from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_tag, remove_stale_dirs
-from eagle3.server.backends.hf import DTYPES
 from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
 from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
@@ -103,6 +105,9 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
         "enforce_eager": not opts.compile,
         "enable_prefix_caching": False,
         "enable_chunked_prefill": True,
+        # vLLM's own engine series (vllm:kv_cache_usage_perc, vllm:num_requests_running/waiting, prompt
+        # tokens, ...) in this process's default prometheus registry, which /metrics exposes (server/metrics.py)
+        "disable_log_stats": False,
         "max_num_batched_tokens": config.max_batch_tokens,
         "max_num_seqs": min(MAX_NUM_SEQS, config.max_batch_tokens),
         "seed": 0,
@@ -129,7 +134,7 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
         check_engine_args(opts.engine_args, opts.engine_args if known_fields is None else known_fields,
                           OWNED_ENGINE_ARGS)  # fmt: skip
     except EngineArgsError as exc:
-        raise BackendError(str(exc)) from None
+        raise BackendConfigError(str(exc)) from None
     kwargs.update(opts.engine_args)
     return kwargs
 
@@ -181,7 +186,9 @@ def bind_cpu_workers(tensor_parallel_size: int) -> None:
         return  # vLLM's own NUMA binding applies
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tensor_parallel_size:
-        raise BackendError(f"tensor parallel {tensor_parallel_size} on CPU needs as many cores; {len(cores)} allowed")
+        raise BackendConfigError(
+            f"tensor parallel {tensor_parallel_size} on CPU needs as many cores; {len(cores)} allowed"
+        )
     per_rank = len(cores) // tensor_parallel_size
     groups = [cores[r * per_rank : (r + 1) * per_rank] for r in range(tensor_parallel_size)]
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
@@ -219,12 +226,15 @@ class VllmBackend:
 
         progress("importing vllm", 0.02)
         import vllm
+
+        if root_logs_json():  # --log-format json: vLLM's own handler (set up at its import) writes JSON too
+            restyle_as_json(logging.getLogger("vllm"))
         from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as stock
         from vllm.platforms import current_platform
 
         device = str(current_platform.device_type)
         if self.config.device not in ("auto", device):
-            raise BackendError(
+            raise BackendConfigError(
                 f"--device {self.config.device}, but this vLLM build ({vllm.__version__}) runs on {device}"
             )
         self._load_hidden_states, self._cleanup_hidden_states = stock.load_hidden_states, stock.cleanup_hidden_states

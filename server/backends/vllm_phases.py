@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.core.json_log import root_logs_json
 from eagle3.server.backends.base import ProgressCallback
 
 logger = logging.getLogger(__name__)
@@ -196,13 +197,18 @@ class PhaseFileHandler(logging.Handler):
             os.close(fd)
 
 
-def logging_config(default: Mapping[str, Any], path: str, level: str) -> dict[str, Any]:
+def logging_config(default: Mapping[str, Any], path: str, level: str, json_lines: bool = False) -> dict[str, Any]:
     """vLLM's ``dictConfig`` (``default``: ``vllm.logger.DEFAULT_LOGGING_CONFIG``, console handler at
     ``level``, as vLLM itself refreshes it) plus ``PhaseFileHandler`` on the ``vllm`` logger, whose level
-    is lowered to INFO at most so the phase records reach the file while the console shows what it did."""
+    is lowered to INFO at most so the phase records reach the file while the console shows what it did.
+    ``json_lines`` (``serve --log-format json``): the console writes eagle3's JSON lines
+    (``eagle3.core.json_log.JsonFormatter``) instead of vLLM's text, in every vLLM process."""
     config = copy.deepcopy(dict(default))
     console = config["handlers"]["vllm"]
     console["level"] = level
+    if json_lines:
+        config.setdefault("formatters", {})["eagle3_json"] = {"()": "eagle3.core.json_log.JsonFormatter"}
+        console["formatter"] = "eagle3_json"
     for formatter in config.get("formatters", {}).values():
         if "log_level" in formatter:
             formatter["log_level"] = level
@@ -247,7 +253,7 @@ def engine_phase_log(directory: Path, engine_kwargs: dict[str, Any], environ: Ma
         # the console's level as vLLM would set it: --engine-arg log_level, else VLLM_LOGGING_LEVEL (a
         # custom dictConfig is authoritative in vLLM, so the level goes into it)
         level = str(engine_kwargs.get("log_level") or envs.VLLM_LOGGING_LEVEL).upper()
-        config = logging_config(DEFAULT_LOGGING_CONFIG, str(log), level)
+        config = logging_config(DEFAULT_LOGGING_CONFIG, str(log), level, json_lines=root_logs_json())
         config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
         engine_kwargs["logging_config"] = LoggingConfig(pylogging_config_file=str(config_path))
     except (ImportError, OSError, KeyError, TypeError, ValueError) as exc:

@@ -4,7 +4,7 @@ in float32: a real transformers forward whose states do not depend on batching).
 One story, in order: a first extraction fills the cache (misses); two tenants then ask for the same
 samples and new ones at the same time (each distinct sample computed once, both get the same bytes);
 a ``cache="bypass"`` client makes the backend compute again (same bytes); after a restart on the same
-``--cache-dir`` a new process serves everything from disk except one entry whose byte was flipped
+``--feature-cache-dir`` a new process serves everything from disk except one entry whose byte was flipped
 (a miss, recomputed, the right answer); and a server without any cache returns the same bytes.
 """
 
@@ -46,7 +46,7 @@ def test_cache_repeat_concurrency_bypass_restart_corruption_and_no_cache_agree(t
     first = [[rng.randrange(512) for _ in range(rng.randrange(3, 60))] for _ in range(12)]
     more = [[rng.randrange(512) for _ in range(rng.randrange(3, 60))] for _ in range(8)]
 
-    with server(tmp_path, model, "one", "--cache-dir", str(cache_dir)) as live:
+    with server(tmp_path, model, "one", "--feature-cache-dir", str(cache_dir)) as live:
         info = ExtractionClient(live.url, KEYS["alice"]).info()
         assert info.cache_on and info.feature_cache["disk_bytes"] > 0
         cold = extract(live, first)
@@ -85,7 +85,7 @@ def test_cache_repeat_concurrency_bypass_restart_corruption_and_no_cache_agree(t
     data[-40] ^= 0x10  # a byte of the stored states or ids
     files[0].write_bytes(bytes(data))
 
-    with server(tmp_path, model, "two", "--cache-dir", str(cache_dir)) as live:
+    with server(tmp_path, model, "two", "--feature-cache-dir", str(cache_dir)) as live:
         again = extract(live, both)
         m = live.metrics()
         assert m['eagle3_cache_hits_total{tier="disk"}'] == 19 and m["eagle3_cache_misses_total"] == 1

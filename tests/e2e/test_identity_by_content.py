@@ -2,7 +2,7 @@
 
 Two checkpoints that differ only in their weight bytes: ``run1/final`` (a tiny random Llama) and
 ``run2/final``, its copy with one matrix times 1.05 (every file the same size, the same directory
-name). A server of the second, started on the first one's ``--cache-dir``, reports another revision,
+name). A server of the second, started on the first one's ``--feature-cache-dir``, reports another revision,
 computes every sample (no hit: the first one's states are never served) and its states differ; and
 ``eagle3 extract`` resuming the first one's features directory with it refuses to mix the two.
 A restart of an unchanged checkpoint reports the same revision without hashing its weights again.
@@ -37,7 +37,7 @@ def serve(tmp_path: Path, model: Path, name: str, cache_dir: Path) -> LiveServer
         "float32",
         "--max-batch-tokens",
         "512",
-        "--cache-dir",
+        "--feature-cache-dir",
         str(cache_dir),
     ]
     live = LiveServer(args, tmp_path / f"{name}.log", api_keys=KEYS)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from bench.distill_inprocess import regenerate
 from eagle3.core.protocol.prepared import iter_prepared
 from eagle3.draft_trainer.config import load_config
-from eagle3.draft_trainer.distill import regenerate
 from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts, load_export_draft
 from eagle3.draft_trainer.export import check_export, export_draft
 from eagle3.draft_trainer.speculate import VerifierTaps, speculative_generate

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from bench.distill_inprocess import regenerate
 from eagle3.draft_trainer.config import load_config
-from eagle3.draft_trainer.distill import regenerate
 from eagle3.draft_trainer.evaluate import heldout_prompts, load_export_draft
 from eagle3.draft_trainer.export import export_draft
 from eagle3.draft_trainer.offline_online import compare_offline_online

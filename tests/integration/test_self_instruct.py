@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from bench.distill_inprocess import prompt_of
 from eagle3.client.distill import DistillConfig, distill_dataset
 from eagle3.client.sdk import ExtractionClient
 from eagle3.client.self_instruct import (
@@ -34,7 +35,6 @@ from eagle3.core.protocol.prepared import (
     iter_prepared,
     read_meta,
 )
-from eagle3.draft_trainer.distill import prompt_of
 from tests.e2e.live_server import LiveServer, smollm2_generate_server
 
 pytestmark = pytest.mark.integration

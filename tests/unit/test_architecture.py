@@ -5,6 +5,7 @@
       ├── eagle3.server          ├── siblings: none imports another
       └── eagle3.draft_trainer  ─┘
             └── eagle3.core       imports nothing of ours; eagle3.core.protocol: stdlib only
+                                  (and eagle3.core.errors, the error root, itself stdlib only)
 
 A notebook that installs only the SDK must never pull torch, fastapi or the server in.
 """
@@ -90,11 +91,19 @@ def test_core_imports_nothing_of_ours_and_no_torch_at_import(path):
     assert not {top(n) for n in imported_modules(path, top_level_only=True)} & heavy
 
 
-@pytest.mark.parametrize("path", sources("core/protocol"), ids=_ids)
+ERROR_ROOT = "eagle3.core.errors"  # the one root of the error tree; the protocol's errors derive from it
+
+
+@pytest.mark.parametrize("path", [*sources("core/protocol"), ROOT / "core" / "errors.py"], ids=_ids)
 def test_protocol_is_stdlib_only(path):
+    """The protocol stands on the stdlib and on the error root, which stands on the stdlib alone."""
+    allowed_ours = ERROR_ROOT if path.parent.name == "protocol" else None
     for name in imported_modules(path):
         assert (
-            top(name) in sys.stdlib_module_names or name.startswith("eagle3.core.protocol") or name == "__future__"
+            top(name) in sys.stdlib_module_names
+            or name.startswith("eagle3.core.protocol")
+            or name == "__future__"
+            or name == allowed_ours
         ), name
 
 
@@ -127,6 +136,24 @@ def test_server_never_imports_trainer(path):
 @pytest.mark.parametrize("path", sources("server/backends"), ids=_ids)
 def test_backends_import_no_sdk_module(path):
     assert "client" not in {ours(n) for n in imported_modules(path)}
+
+
+@pytest.mark.parametrize("path", sources("server/backends"), ids=_ids)
+def test_backends_never_import_the_server(path):
+    """A backend is an engine adapter: it imports the core and its sibling backends, never the server's
+    routes, scheduler, runtime or settings (the server drives backends, not the other way round)."""
+    server = [n for n in imported_modules(path) if ours(n) == "server" and not n.startswith("eagle3.server.backends")]
+    assert not server, server
+
+
+def test_the_engines_do_not_import_each_other():
+    """What the hf and vllm backends share (the dtype table, the checkpoint identity) lives in shared
+    backend modules (dtypes.py, identity.py, base.py), not in one engine's module."""
+    vllm_modules = sorted((ROOT / "server" / "backends").glob("vllm*.py"))
+    assert vllm_modules
+    for path in vllm_modules:
+        assert "eagle3.server.backends.hf" not in imported_modules(path), path.name
+    assert not {n for n in imported_modules(ROOT / "server" / "backends" / "hf.py") if ".backends.vllm" in n}
 
 
 @pytest.mark.parametrize(
@@ -183,7 +210,8 @@ def test_protocol_import_loads_no_other_package_of_ours():
     ]
     ours_loaded = [m for m in loaded if m == "eagle3" or m.startswith("eagle3.")]
     assert all(
-        m in ("eagle3", "eagle3.core", "eagle3.core.lazy") or m.startswith("eagle3.core.protocol") for m in ours_loaded
+        m in ("eagle3", "eagle3.core", "eagle3.core.lazy", ERROR_ROOT) or m.startswith("eagle3.core.protocol")
+        for m in ours_loaded
     ), ours_loaded
     assert all(top(m) in sys.stdlib_module_names or m.startswith("eagle3") for m in loaded), [
         m for m in loaded if top(m) not in sys.stdlib_module_names and not m.startswith("eagle3")

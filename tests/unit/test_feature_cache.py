@@ -157,7 +157,7 @@ def test_disk_tier_evicts_oldest_files_within_its_byte_limit(tmp_path: Path) -> 
 
 
 def test_two_caches_sharing_a_directory_under_threads_never_answer_wrong(tmp_path: Path) -> None:
-    """Two servers on one --cache-dir, four threads each, writing and reading the same 24 keys."""
+    """Two servers on one --feature-cache-dir, four threads each, writing and reading the same 24 keys."""
     caches = [disk_cache(tmp_path, memory_bytes=0), disk_cache(tmp_path, memory_bytes=0)]
     samples = [[k + 1] * (5 + k) for k in range(24)]
     wrong: list[str] = []
@@ -181,7 +181,7 @@ def test_two_caches_sharing_a_directory_under_threads_never_answer_wrong(tmp_pat
     for cache in caches:
         cache.close()
     assert not wrong, wrong[:3]
-    assert not list(tmp_path.rglob("*.tmp-*")), "a temporary file was left behind"
+    assert not list(tmp_path.rglob("*.tmp")), "a temporary file was left behind"
     check = disk_cache(tmp_path)
     assert check.disk is not None and check.disk.n_entries == len(entry_files(tmp_path)) <= 24
     for ids in samples:

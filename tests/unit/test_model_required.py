@@ -72,7 +72,12 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerSettings]:
     import eagle3.server.serve
 
     got: list[ServerSettings] = []
-    monkeypatch.setattr(eagle3.server.serve, "serve", got.append)
+
+    def serve(settings: ServerSettings) -> int:
+        got.append(settings)
+        return 0
+
+    monkeypatch.setattr(eagle3.server.serve, "serve", serve)
     for name, value in SERVER_PROCESS_ENV.items():  # run_serve sets them; restored after
         monkeypatch.setenv(name, value)
     return got

@@ -13,11 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from eagle3.core.json_log import JsonFormatter
 from eagle3.core.protocol.frames import FrameDecoder, FrameType
 from eagle3.server.app import create_app
 from eagle3.server.config import ServerSettings, SettingsError
 from eagle3.server.load_history import expected_load_s, load_key, record_load_s
-from eagle3.server.request_log import JsonFormatter
 from eagle3.server.runtime import Runtime
 from tests.unit.test_server_app import FakeBackend, settings, wait_for
 

@@ -7,10 +7,11 @@ verifier's greedy continuation (up to ``max_new_tokens``, stopping at the EOS to
 and supervised). The result is a normal prepared directory (same ``meta.json``), so vocab, extract
 and train read it unchanged.
 
-This is the in-process variant (it loads the verifier itself; ``bench/tau_run.py`` and the trainer's tests
-use it). Pipelines and ``eagle3 demo`` distil through the resident server instead, without a second load
-of the verifier: ``eagle3 distill --server URL`` (``eagle3.client.distill``, ``POST /v1/generate``), which
-also regenerates later turns of multi-turn samples and resumes after a kill.
+This is the in-process variant (it loads the verifier itself). It lives in bench/, not in the package:
+only ``bench/tau_run.py``, ``bench/distill.py`` (which times it against the server path) and the trainer's
+tests use it. Pipelines and ``eagle3 demo`` distil through the resident server instead, without a second
+load of the verifier: ``eagle3 distill --server URL`` (``eagle3.client.distill``, ``POST /v1/generate``),
+which also regenerates later turns of multi-turn samples and resumes after a kill.
 
 Invariants: every output sample has >= 1 supervised token; ``loss_mask`` is 1 exactly on the
 generated tokens; output ids are ``<prompt id>-distill``; the samples file is written atomically.
@@ -63,7 +64,7 @@ def regenerate(
 
     prepared_dir, out = Path(prepared_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     eos_id = int(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, int)
                  else model.generation_config.eos_token_id[0])  # fmt: skip
     pad_id = eos_id
