@@ -87,7 +87,7 @@ def write_atomic(
     tmp = temp_path(path)
     size = 0
     try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as fh:
+        with open(tmp, "wb", opener=lambda name, flags: os.open(name, flags | os.O_EXCL, mode)) as fh:
             for chunk in chunks:
                 fh.write(chunk)
                 size += memoryview(chunk).nbytes

@@ -240,7 +240,12 @@ class Metrics:
 
     def render(self) -> str:
         """The Prometheus text exposition (``CONTENT_TYPE``): eagle3's series, then the process-wide ones."""
-        return (generate_latest(self.registry) + generate_latest(REGISTRY)).decode()
+        return (generate_latest(self.registry) + self.process_exposition()).decode()
+
+    @staticmethod
+    def process_exposition() -> bytes:
+        """The process-wide default registry (``process_*``, ``python_*``, vLLM's ``vllm:*``): no tenant's data."""
+        return generate_latest(REGISTRY)
 
     def snapshot(self) -> dict[str, Any]:
         """Totals per tenant for the status page, read from the same registry as ``/metrics``."""

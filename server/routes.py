@@ -61,7 +61,8 @@ async def info(request: Request) -> JSONResponse:
 @api.get("/metrics", include_in_schema=False)
 async def metrics(request: Request, viewer: Viewer = METRICS_VIEWER) -> Response:
     """Every tenant's series for an admin key (or ``--public-metrics``), the caller's own for a plain key."""
-    body = visible_metrics(runtime_of(request).metrics.registry, viewer)
+    rt = runtime_of(request)
+    body = visible_metrics(rt.metrics.registry, viewer) + rt.metrics.process_exposition()  # the latter: no tenant
     return Response(body, media_type=METRICS_CONTENT_TYPE)
 
 
