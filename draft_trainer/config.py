@@ -65,6 +65,9 @@ class TrainConfig:
     checkpoint_every_steps: int = 50
     log_every_steps: int = 1
     eval_every_steps: int = 0  # held-out accuracy every N steps (0: only at the end)
+    # held-out accuracy and simulated tau (the online rounds replayed) at the end of every N-th epoch, a record
+    # of its own in metrics.jsonl, the plot and the trackers (0: only at the end)
+    eval_every_epochs: int = 1
     torch_threads: int = 1
     device: str = "auto"  # "auto" (cuda:LOCAL_RANK when CUDA is available, else cpu), "cpu", "cuda", "cuda:N"
     autocast_bf16: bool = False  # bf16 autocast when training on CPU; fp32 unless set
@@ -85,6 +88,9 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every_epochs < 0 or self.eval_every_steps < 0:
+            raise ConfigError("eval_every_epochs and eval_every_steps must be >= 0 (0: only at the end), got "
+                              f"{self.eval_every_epochs} and {self.eval_every_steps}")  # fmt: skip
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if not 0.0 <= self.dropout < 1.0:
