@@ -54,8 +54,13 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     """CPU, numpy and Python RNG states, plus ``device``'s CUDA RNG state when it is a GPU; tensors and
     plain types only (``checkpoint.pt`` loads with ``weights_only=True``: numpy's key array is a tensor)."""
     kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()  # type: ignore[misc]
-    numpy_state = [str(kind), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
-                   float(cached_gaussian)]  # fmt: skip
+    numpy_state = [
+        str(kind),
+        torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        int(pos),
+        int(has_gauss),
+        float(cached_gaussian),
+    ]
     state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if device is not None and device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)

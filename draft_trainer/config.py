@@ -89,8 +89,10 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.eval_every_epochs < 0 or self.eval_every_steps < 0:
-            raise ConfigError("eval_every_epochs and eval_every_steps must be >= 0 (0: only at the end), got "
-                              f"{self.eval_every_epochs} and {self.eval_every_steps}")  # fmt: skip
+            raise ConfigError(
+                "eval_every_epochs and eval_every_steps must be >= 0 (0: only at the end), got "
+                f"{self.eval_every_epochs} and {self.eval_every_steps}"
+            )
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if not 0.0 <= self.dropout < 1.0:

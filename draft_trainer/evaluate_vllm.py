@@ -128,8 +128,10 @@ class VllmSpecReport:
         same = "identical" if self.outputs_identical else f"DIFFERENT ({self.first_mismatch})"
         if self.near_ties and self.first_mismatch is None:
             widest = max(t["margin"] for t in self.near_ties)
-            same = (f"identical up to {len(self.near_ties)} {self.dtype} near-tie(s) (verifier top-2 margin at the "
-                    f"divergence <= {widest:.3g}, bound {self.near_tie_margin})")  # fmt: skip
+            same = (
+                f"identical up to {len(self.near_ties)} {self.dtype} near-tie(s) (verifier top-2 margin at the "
+                f"divergence <= {widest:.3g}, bound {self.near_tie_margin})"
+            )
         return "\n".join(
             [
                 f"vLLM speculative decoding (eagle3, k={self.k}, {self.dtype}): {self.export_dir}",
@@ -258,8 +260,15 @@ def check_eval_engine_args(engine_args: dict[str, Any]) -> None:
         raise VllmEvalError(str(exc)) from None
 
 
-def run_engine(llm_kwargs: dict[str, Any], prompt_ids: list[list[int]], max_new_tokens: int, ignore_eos: bool,
-               log_path: Path, timeout_s: float, logprobs: int | None = None) -> EngineRun:  # fmt: skip
+def run_engine(
+    llm_kwargs: dict[str, Any],
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    ignore_eos: bool,
+    log_path: Path,
+    timeout_s: float,
+    logprobs: int | None = None,
+) -> EngineRun:
     """Run one engine in a child process; its stdout/stderr go to ``log_path``. ``logprobs``: also return
     the top ``logprobs`` (token, logprob) of every generated token."""
     with tempfile.TemporaryDirectory(prefix="eagle3-vllm-eval-") as tmp:
@@ -354,8 +363,15 @@ def evaluate_vllm(
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="eagle3-vllm-eval-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
     common = (k, dtype, max_model_len, kv_cache_gib, enforce_eager, tensor_parallel_size, engine_args)
-    base = run_engine(_engine_request(model_path, None, *common), prompt_ids, max_new_tokens, ignore_eos,
-                      logs / "vllm_baseline.log", timeout_s, logprobs=TOP_LOGPROBS)  # fmt: skip
+    base = run_engine(
+        _engine_request(model_path, None, *common),
+        prompt_ids,
+        max_new_tokens,
+        ignore_eos,
+        logs / "vllm_baseline.log",
+        timeout_s,
+        logprobs=TOP_LOGPROBS,
+    )
     spec = run_engine(_engine_request(model_path, export_path, *common), prompt_ids, max_new_tokens, ignore_eos,
                       logs / "vllm_eagle3.log", timeout_s)  # fmt: skip
     bound = NEAR_TIE_MARGIN.get(dtype, 0.0)
@@ -363,9 +379,11 @@ def evaluate_vllm(
     if mismatch is not None and require_identical:
         hint = ""
         if dtype in ("bfloat16", "float16"):
-            hint = (f" (in {dtype} a near-tie can round differently in the {k + 1}-token verify pass than in a "
-                    "1-token step, but this is not one within the stated bound: rerun in float32 to tell a "
-                    "kernel difference from a broken verifier path, docs/deploy.md)")  # fmt: skip
+            hint = (
+                f" (in {dtype} a near-tie can round differently in the {k + 1}-token verify pass than in a "
+                "1-token step, but this is not one within the stated bound: rerun in float32 to tell a "
+                "kernel difference from a broken verifier path, docs/deploy.md)"
+            )
         raise VllmOutputMismatchError(
             f"vLLM greedy output changed with the eagle3 draft {export_path}: {mismatch}{hint}"
         )
@@ -440,8 +458,9 @@ def _top_logprobs(per_token: Any, n: int | None) -> list[list[list[float]]]:
     """vLLM's per-token ``{token_id: Logprob}`` -> the top ``n`` [token, logprob], best first."""
     if not n or per_token is None:
         return []
-    return [[[int(t), float(lp.logprob)] for t, lp in sorted(d.items(), key=lambda kv: kv[1].rank)[:n]]
-            for d in per_token]  # fmt: skip
+    return [
+        [[int(t), float(lp.logprob)] for t, lp in sorted(d.items(), key=lambda kv: kv[1].rank)[:n]] for d in per_token
+    ]
 
 
 def _child(request_path: str, result_path: str) -> None:

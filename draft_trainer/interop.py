@@ -120,8 +120,12 @@ def meta_from_model(model: str | Path, model_dir: Path, aux_layer_ids: Sequence[
 VOCAB_MAPPING = "vocab_mapping.pt"  # what SpecForge's prepare_hidden_states.py writes beside its .ckpt files
 
 
-def to_specforge(features_dir: str | Path, out_dir: str | Path, model_dir: str | Path | None = None,
-                 vocab_dir: str | Path | None = None) -> int:  # fmt: skip
+def to_specforge(
+    features_dir: str | Path,
+    out_dir: str | Path,
+    model_dir: str | Path | None = None,
+    vocab_dir: str | Path | None = None,
+) -> int:
     """Write every sample of ``features_dir`` as SpecForge ``.ckpt`` files; returns the sample count.
     ``model_dir`` (the verifier, for its final norm) is needed unless the features are post-norm already.
     ``vocab_dir`` (an ``eagle3 vocab`` output): also ``vocab_mapping.pt``, ``{"d2t": int64 [K], "t2d": bool
@@ -133,8 +137,10 @@ def to_specforge(features_dir: str | Path, out_dir: str | Path, model_dir: str |
     if vocab_dir is not None:
         vocab = load_vocab(vocab_dir)
         if vocab.target_vocab_size != meta.vocab_size:
-            raise DataError(f"{vocab_dir}: t2d covers {vocab.target_vocab_size} target ids, the features' verifier "
-                            f"has {meta.vocab_size}: give this verifier's vocab")  # fmt: skip
+            raise DataError(
+                f"{vocab_dir}: t2d covers {vocab.target_vocab_size} target ids, the features' verifier "
+                f"has {meta.vocab_size}: give this verifier's vocab"
+            )
         mapping = {"d2t": torch.from_numpy(vocab.d2t.astype(np.int64)), "t2d": torch.from_numpy(vocab.t2d.astype(bool))}
     if len(meta.aux_layer_ids) != 3:
         raise DataError(f"{features_dir}: SpecForge expects 3 aux layers, found {list(meta.aux_layer_ids)}")

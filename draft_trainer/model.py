@@ -202,8 +202,9 @@ class EagleDraft(nn.Module):
         h = drop(mid.self_attn.o_proj(attn_out)) + residual  # [T, H]
         return h + drop(mid.mlp(mid.post_attention_layernorm(h)))
 
-    def step(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-             attention: StepAttention) -> torch.Tensor:  # fmt: skip
+    def step(
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, attention: StepAttention
+    ) -> torch.Tensor:
         """One draft step (the module docstring's order): token ids [T], hidden [T, H] (``fc(aux)`` on the
         first step, else the previous step's output), rope positions [T] -> the pre-norm output [T, H]."""
         cos, sin = self.rope(positions)  # [T, d] each

@@ -109,13 +109,17 @@ class DraftRope(torch.nn.Module):
         kind = rope_type(scaling)
         params = dict(scaling or {})
         if kind not in SUPPORTED:
-            raise RopeError(f"the verifier's rope_scaling type {kind!r} is not one the draft trainer reproduces "
-                            f"(supported: {', '.join(SUPPORTED)}); vLLM would build that rope for the exported "
-                            "draft and a draft trained with another would be silently wrong")  # fmt: skip
+            raise RopeError(
+                f"the verifier's rope_scaling type {kind!r} is not one the draft trainer reproduces "
+                f"(supported: {', '.join(SUPPORTED)}); vLLM would build that rope for the exported "
+                "draft and a draft trained with another would be silently wrong"
+            )
         partial = float(params.get("partial_rotary_factor", 1.0))
         if partial != 1.0 or "rope_dim" in params or "mrope_section" in params:
-            raise RopeError(f"rope settings {params}: a partial or multimodal rotary embedding is not reproduced by "
-                            "the draft trainer (its draft rotates the whole head_dim)")  # fmt: skip
+            raise RopeError(
+                f"rope settings {params}: a partial or multimodal rotary embedding is not reproduced by "
+                "the draft trainer (its draft rotates the whole head_dim)"
+            )
         self.kind, self.position_divisor, self.attention_factor = kind, 1.0, 1.0
         base = float(theta)
         if kind == "linear":

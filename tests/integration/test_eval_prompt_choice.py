@@ -24,8 +24,12 @@ def readme_pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     model = tiny_llama_dir(root / "model", seed=2)
     prepared = write_prepared(random_samples(40, 97, seed=3), root / "prepared", model, 97)
     other = write_prepared(random_samples(10, 97, seed=9), root / "other", model, 97)
-    return {"model": model, "prepared": prepared, "other": other,
-            "features": write_features(prepared, root / "features", model)}  # fmt: skip
+    return {
+        "model": model,
+        "prepared": prepared,
+        "other": other,
+        "features": write_features(prepared, root / "features", model),
+    }
 
 
 @pytest.fixture
@@ -53,8 +57,18 @@ def test_readme_eval_line_says_to_pass_heldout_fraction_before_loading(
     readme_pipeline: dict[str, Path], no_model_loads: list[str], engine: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     p = readme_pipeline
-    args = ["eval", str(p["prepared"].parent / "export"), "--prepared", str(p["prepared"]), "--features",
-            str(p["features"]), "--model", str(p["model"]), "--engine", engine]  # fmt: skip
+    args = [
+        "eval",
+        str(p["prepared"].parent / "export"),
+        "--prepared",
+        str(p["prepared"]),
+        "--features",
+        str(p["features"]),
+        "--model",
+        str(p["model"]),
+        "--engine",
+        engine,
+    ]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "every prompt was trained on" in err and "pass --heldout-fraction 0.05" in err, err
@@ -73,6 +87,7 @@ def test_with_heldout_fraction_the_split_is_used_and_the_messages_read_forwards(
     with pytest.raises(DataError, match="give the --prepared directory the features were extracted from"):
         evaluate.heldout_prompts(p["other"], p["features"], 5, heldout_fraction=0.3)
     with pytest.raises(DataError, match="every prompt was trained on"):
-        evaluate.evaluate(p["prepared"].parent / "export", prepared=p["prepared"], features=p["features"],
-                          model=str(p["model"]))  # fmt: skip
+        evaluate.evaluate(
+            p["prepared"].parent / "export", prepared=p["prepared"], features=p["features"], model=str(p["model"])
+        )
     assert no_model_loads == []

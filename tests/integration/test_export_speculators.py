@@ -40,8 +40,23 @@ def test_vllm_reads_the_speculators_export(tmp_path: Path) -> None:
     verifier = tmp_path / "verifier"  # its config.json gives the export the verifier's architectures
     verifier.mkdir()
     (verifier / "config.json").write_text(json.dumps({**SMOLLM2, "architectures": ["LlamaForCausalLM"]}))
-    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "spec"), "--format", "speculators",
-                 "--verifier", str(verifier), "--num-speculative-tokens", "4"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "run"),
+                "--out",
+                str(tmp_path / "spec"),
+                "--format",
+                "speculators",
+                "--verifier",
+                str(verifier),
+                "--num-speculative-tokens",
+                "4",
+            ]
+        )
+        == 0
+    )
 
     model, tokenizer, speculative = maybe_override_with_speculators(str(tmp_path / "spec"), None, False)
     assert (model, tokenizer) == (str(verifier), str(verifier))

@@ -23,10 +23,21 @@ from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
 
 pytestmark = pytest.mark.integration
 
-VERIFIER = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "num_hidden_layers": 6, "vocab_size": 512, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
-            "rope_theta": 10000.0, "tie_word_embeddings": False}  # fmt: skip
+VERIFIER = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 6,
+    "vocab_size": 512,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
 DRAFT_VOCAB = 128
 
 
@@ -56,8 +67,10 @@ def test_speculators_loads_the_export_with_its_own_api(tmp_path: Path) -> None:
     out = export_draft(run, tmp_path / "spec", format="speculators", verifier=str(verifier), num_speculative_tokens=4)
     config, exported = read_export(out)
     assert config["speculators_version"] == SPECULATORS_VERSION
-    assert config["speculators_config"]["verifier"] == {"name_or_path": str(verifier),
-                                                        "architectures": ["LlamaForCausalLM"]}  # fmt: skip
+    assert config["speculators_config"]["verifier"] == {
+        "name_or_path": str(verifier),
+        "architectures": ["LlamaForCausalLM"],
+    }
     assert not any(name.startswith("midlayer.") for name in exported)
 
     # (its Eagle3DraftModel.from_pretrained takes no output_loading_info: the name sets below are the check)
@@ -74,10 +87,20 @@ def test_speculators_loads_the_export_with_its_own_api(tmp_path: Path) -> None:
     for name, tensor in exported.items():
         assert torch.equal(loaded[name].to(tensor.dtype), tensor), name
     # ... and those are the trained draft's (bf16), so no layer was initialised fresh under another name
-    ours = {("layers.0." + k.removeprefix("midlayer.")) if k.startswith("midlayer.") else k: v
-            for k, v in draft.state_dict().items()}  # fmt: skip
-    for name in ("fc.weight", "norm.weight", "lm_head.weight", "layers.0.self_attn.q_proj.weight",
-                 "layers.0.hidden_norm.weight", "layers.0.mlp.down_proj.weight", "d2t", "t2d"):  # fmt: skip
+    ours = {
+        ("layers.0." + k.removeprefix("midlayer.")) if k.startswith("midlayer.") else k: v
+        for k, v in draft.state_dict().items()
+    }
+    for name in (
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.hidden_norm.weight",
+        "layers.0.mlp.down_proj.weight",
+        "d2t",
+        "t2d",
+    ):
         want = ours[name].to(torch.bfloat16) if ours[name].is_floating_point() else ours[name]
         assert torch.equal(loaded[name].to(want.dtype), want), name
     from safetensors.torch import load_file

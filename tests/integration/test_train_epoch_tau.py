@@ -27,9 +27,20 @@ def test_every_epoch_logs_the_heldout_tau(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     files = training_files(tmp_path / "data", 40, seed=5)
     run = tmp_path / "run"
-    cfg = load_config(None, {**files, "out": str(run), "ttt_steps": 3, "max_batch_tokens": 96, "epochs": 4,
-                             "heldout_fraction": 0.25, "lr": 3e-3, "progress": False,
-                             "log_to": "tensorboard"})  # fmt: skip
+    cfg = load_config(
+        None,
+        {
+            **files,
+            "out": str(run),
+            "ttt_steps": 3,
+            "max_batch_tokens": 96,
+            "epochs": 4,
+            "heldout_fraction": 0.25,
+            "lr": 3e-3,
+            "progress": False,
+            "log_to": "tensorboard",
+        },
+    )
     result = train(cfg)
     records = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
     steps_per_epoch = result.steps // 4

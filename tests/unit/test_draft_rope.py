@@ -25,24 +25,50 @@ from eagle3.draft_trainer.ttt import PackedBatch, Teacher, ttt_forward
 pytest.importorskip("vllm")
 
 H, HEADS, HEAD_DIM, V = 64, 4, 32, 96
-KIMI_YARN = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
-             "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+KIMI_YARN = {
+    "type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
 
 
 def _deepseek_target(rope_scaling: dict[str, Any], max_position: int) -> dict[str, Any]:
     """A tiny DeepSeek-V3 (Kimi-K2 shaped rope) config.json dict, as transformers writes it."""
     from transformers import DeepseekV3Config
 
-    return DeepseekV3Config(hidden_size=H, num_attention_heads=HEADS, num_key_value_heads=HEADS, num_hidden_layers=6,
-                            vocab_size=V, intermediate_size=128, max_position_embeddings=max_position,
-                            rope_theta=50000.0, rope_scaling=dict(rope_scaling), qk_rope_head_dim=HEAD_DIM,
-                            qk_nope_head_dim=32, v_head_dim=32, kv_lora_rank=64, q_lora_rank=32).to_dict()  # fmt: skip
+    return DeepseekV3Config(
+        hidden_size=H,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        num_hidden_layers=6,
+        vocab_size=V,
+        intermediate_size=128,
+        max_position_embeddings=max_position,
+        rope_theta=50000.0,
+        rope_scaling=dict(rope_scaling),
+        qk_rope_head_dim=HEAD_DIM,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        kv_lora_rank=64,
+        q_lora_rank=32,
+    ).to_dict()
 
 
 def _llama_target(rope_parameters: dict[str, Any], max_position: int) -> dict[str, Any]:
-    return {"hidden_size": H, "num_attention_heads": HEADS, "num_key_value_heads": 2, "head_dim": HEAD_DIM,
-            "intermediate_size": 128, "vocab_size": V, "max_position_embeddings": max_position,
-            "rope_parameters": {"rope_theta": 500000.0, **rope_parameters}}  # fmt: skip
+    return {
+        "hidden_size": H,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": 2,
+        "head_dim": HEAD_DIM,
+        "intermediate_size": 128,
+        "vocab_size": V,
+        "max_position_embeddings": max_position,
+        "rope_parameters": {"rope_theta": 500000.0, **rope_parameters},
+    }
 
 
 # (target config, the context to check up to); Llama-3.1's llama3, Qwen3's YaRN (no mscale: attention
@@ -53,7 +79,7 @@ TARGETS = {
     "qwen3_yarn": (
         _llama_target({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),
         131072,
-    ),  # fmt: skip
+    ),
     "llama3": (
         _llama_target(
             {
@@ -66,7 +92,7 @@ TARGETS = {
             131072,
         ),
         131072,
-    ),  # fmt: skip
+    ),
     "linear": (_llama_target({"rope_type": "linear", "factor": 2.0}, 16384), 16384),
     "dynamic": (_llama_target({"rope_type": "dynamic", "factor": 2.0, "max_trained_positions": 4096}, 8192), 8192),
     "default": (_llama_target({"rope_type": "default"}, 8192), 8192),
@@ -88,8 +114,13 @@ def _vllm_rope(export_dir: Path) -> tuple[Any, int]:
     config = get_config(str(export_dir), trust_remote_code=False)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     with set_current_vllm_config(VllmConfig()):  # a CustomOp reads the current config when built
-        rope = get_rope(head_dim, max_position=config.max_position_embeddings, is_neox_style=True,
-                        rope_parameters=getattr(config, "rope_parameters", None), dtype=torch.float32)  # fmt: skip
+        rope = get_rope(
+            head_dim,
+            max_position=config.max_position_embeddings,
+            is_neox_style=True,
+            rope_parameters=getattr(config, "rope_parameters", None),
+            dtype=torch.float32,
+        )
     return rope, head_dim
 
 
@@ -120,9 +151,15 @@ class _CosSinRecorder:
 def _training_cos_sin(draft: EagleDraft, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of a one-step training forward whose rows sit at ``positions``."""
     n = positions.shape[0]
-    batch = PackedBatch(input_ids=torch.randint(0, V, (n,)), aux=torch.randn(n, 3 * H), final=torch.randn(n, H),
-                        loss_mask=torch.ones(n, dtype=torch.bool), positions=positions,
-                        seg_start=torch.zeros(n, dtype=torch.long), seg_end=torch.full((n,), n))  # fmt: skip
+    batch = PackedBatch(
+        input_ids=torch.randint(0, V, (n,)),
+        aux=torch.randn(n, 3 * H),
+        final=torch.randn(n, H),
+        loss_mask=torch.ones(n, dtype=torch.bool),
+        positions=positions,
+        seg_start=torch.zeros(n, dtype=torch.long),
+        seg_end=torch.full((n,), n),
+    )
     recorder = _CosSinRecorder(draft)
     with torch.no_grad():
         ttt_forward(draft, Teacher(torch.ones(H), torch.randn(V, H), 1e-5), batch, 1)
@@ -150,8 +187,10 @@ def test_training_rope_equals_vllms_draft_rope(name: str, tmp_path: Path) -> Non
     want = rope.cos_sin_cache[positions]  # [n, d]: cos (d/2) then sin (d/2), the attention factor included
     want_cos = torch.cat([want[:, : head_dim // 2]] * 2, dim=-1)  # neox: both halves rotate by the same angle
     want_sin = torch.cat([want[:, head_dim // 2 :]] * 2, dim=-1)
-    for where, (cos, sin) in {"training": _training_cos_sin(draft, positions),
-                              "speculation": _speculation_cos_sin(draft, positions[::7].tolist())}.items():  # fmt: skip
+    for where, (cos, sin) in {
+        "training": _training_cos_sin(draft, positions),
+        "speculation": _speculation_cos_sin(draft, positions[::7].tolist()),
+    }.items():
         rows = positions if where == "training" else positions[::7]
         index = torch.searchsorted(positions, rows)
         torch.testing.assert_close(cos, want_cos[index], rtol=0, atol=0, msg=lambda m, w=where: f"{w} cos: {m}")
@@ -181,10 +220,16 @@ def test_yarn_attention_factor_is_vllms() -> None:
 
 @pytest.mark.parametrize(
     "rope_parameters",
-    [{"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
-      "original_max_position_embeddings": 4096},
-     {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}],
-)  # fmt: skip
+    [
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 16,
+            "long_factor": [2.0] * 16,
+            "original_max_position_embeddings": 4096,
+        },
+        {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+    ],
+)
 def test_unreproduced_rope_is_refused_when_the_draft_is_built(rope_parameters: dict[str, Any]) -> None:
     from eagle3.draft_trainer.rope import RopeError
 

@@ -18,9 +18,17 @@ H, V, HEADS, KV, D = 32, 50, 4, 2, 8
 
 def _draft() -> EagleDraft:
     torch.manual_seed(0)
-    cfg = DraftConfig(hidden_size=H, target_hidden_size=H, intermediate_size=64, num_attention_heads=HEADS,
-                      num_key_value_heads=KV, head_dim=D, draft_vocab_size=V, target_vocab_size=V,
-                      aux_layer_ids=(1, 2, 3))  # fmt: skip
+    cfg = DraftConfig(
+        hidden_size=H,
+        target_hidden_size=H,
+        intermediate_size=64,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV,
+        head_dim=D,
+        draft_vocab_size=V,
+        target_vocab_size=V,
+        aux_layer_ids=(1, 2, 3),
+    )
     draft = EagleDraft(cfg)
     draft.set_vocab(torch.zeros(V, dtype=torch.int64), torch.ones(V, dtype=torch.bool))
     draft.embed_tokens.copy_(torch.randn(V, H))
@@ -54,8 +62,9 @@ def test_step_is_vllms_order_with_any_attention() -> None:
     attention = SelfOnly()
     with torch.no_grad():
         got = draft.step(tokens, hidden, positions, attention)
-        x = torch.cat([_rms(draft.embed_tokens[tokens], mid.input_layernorm.weight),
-                       _rms(hidden, mid.hidden_norm.weight)], dim=-1)  # fmt: skip
+        x = torch.cat(
+            [_rms(draft.embed_tokens[tokens], mid.input_layernorm.weight), _rms(hidden, mid.hidden_norm.weight)], dim=-1
+        )
         inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
         angles = positions.float()[:, None] * inv_freq
         cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
@@ -93,10 +102,15 @@ def test_training_and_speculation_run_the_drafts_step_and_rope() -> None:
     draft.step = counted  # type: ignore[method-assign]
     n, k_steps = 10, 3
     g = torch.Generator().manual_seed(1)
-    batch = PackedBatch(input_ids=torch.randint(0, V, (n,), generator=g), aux=torch.randn(n, 3 * H, generator=g),
-                        final=torch.randn(n, H, generator=g), loss_mask=torch.ones(n, dtype=torch.bool),
-                        positions=torch.arange(n), seg_start=torch.zeros(n, dtype=torch.long),
-                        seg_end=torch.full((n,), n))  # fmt: skip
+    batch = PackedBatch(
+        input_ids=torch.randint(0, V, (n,), generator=g),
+        aux=torch.randn(n, 3 * H, generator=g),
+        final=torch.randn(n, H, generator=g),
+        loss_mask=torch.ones(n, dtype=torch.bool),
+        positions=torch.arange(n),
+        seg_start=torch.zeros(n, dtype=torch.long),
+        seg_end=torch.full((n,), n),
+    )
     teacher = Teacher(torch.ones(H), torch.randn(V, H, generator=g), 1e-5)
 
     def unroll_and_chain() -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,12 +114,20 @@ def _fake_engines(monkeypatch: pytest.MonkeyPatch, spec_tokens: tuple[int, ...],
     def fake_run_engine(llm: dict[str, Any], *_args: object, logprobs: int | None = None) -> evaluate_vllm.EngineRun:
         spec = "speculative_config" in llm
         asked.append(logprobs)
-        counters = {evaluate_vllm.METRIC_DRAFTS: 2, evaluate_vllm.METRIC_DRAFT_TOKENS: 8,
-                    evaluate_vllm.METRIC_ACCEPTED: 3, evaluate_vllm.METRIC_ACCEPTED_PER_POS: [2, 1, 0, 0]}  # fmt: skip
-        return evaluate_vllm.EngineRun(load_s=1.0, generate_s=1.0, n_generated_tokens=3,
-                                       token_ids=(spec_tokens if spec else (5, 6, 7),),
-                                       spec_counters=counters if spec else {},
-                                       top_logprobs=() if spec else (top,))  # fmt: skip
+        counters = {
+            evaluate_vllm.METRIC_DRAFTS: 2,
+            evaluate_vllm.METRIC_DRAFT_TOKENS: 8,
+            evaluate_vllm.METRIC_ACCEPTED: 3,
+            evaluate_vllm.METRIC_ACCEPTED_PER_POS: [2, 1, 0, 0],
+        }
+        return evaluate_vllm.EngineRun(
+            load_s=1.0,
+            generate_s=1.0,
+            n_generated_tokens=3,
+            token_ids=(spec_tokens if spec else (5, 6, 7),),
+            spec_counters=counters if spec else {},
+            top_logprobs=() if spec else (top,),
+        )
 
     monkeypatch.setattr(evaluate_vllm, "check_export_dir", lambda _p: None)
     monkeypatch.setattr(evaluate_vllm, "check_eval_engine_args", lambda _a: None)
@@ -156,13 +164,20 @@ def test_a_bf16_near_tie_is_reported_not_failed(monkeypatch: pytest.MonkeyPatch,
         ("float32", (5, 6, 8), TIED, r"top-2 margin 0.03 > near-tie bound 0.0"),  # fp32: the exact check
     ],
 )
-def test_a_real_mismatch_still_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dtype: str,
-                                     spec_tokens: tuple[int, ...], top: tuple[Any, ...], why: str) -> None:  # fmt: skip
+def test_a_real_mismatch_still_fails(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    dtype: str,
+    spec_tokens: tuple[int, ...],
+    top: tuple[Any, ...],
+    why: str,
+) -> None:
     from eagle3.draft_trainer import evaluate_vllm
 
     _fake_engines(monkeypatch, spec_tokens, top)
     with pytest.raises(evaluate_vllm.VllmOutputMismatchError, match=why):
         evaluate_vllm.evaluate_vllm(tmp_path, tmp_path, [[1, 2]], dtype=dtype, log_dir=tmp_path)
-    report = evaluate_vllm.evaluate_vllm(tmp_path, tmp_path, [[1, 2]], dtype=dtype, log_dir=tmp_path,
-                                         require_identical=False)  # fmt: skip
+    report = evaluate_vllm.evaluate_vllm(
+        tmp_path, tmp_path, [[1, 2]], dtype=dtype, log_dir=tmp_path, require_identical=False
+    )
     assert not report.outputs_identical and report.first_mismatch is not None and not report.near_ties

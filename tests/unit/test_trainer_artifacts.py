@@ -22,9 +22,17 @@ from eagle3.draft_trainer.train import lr_lambda
 from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
 from tests.unit.test_interop_specforge import features, verifier
 
-CFG = DraftConfig(hidden_size=32, target_hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, draft_vocab_size=40, target_vocab_size=100,
-                  aux_layer_ids=(1, 2, 3))  # fmt: skip
+CFG = DraftConfig(
+    hidden_size=32,
+    target_hidden_size=32,
+    intermediate_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    draft_vocab_size=40,
+    target_vocab_size=100,
+    aux_layer_ids=(1, 2, 3),
+)
 
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
@@ -57,8 +65,14 @@ def _trainer_like_state() -> dict[str, object]:
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(Cfg(), 10))  # type: ignore[arg-type]
     scheduler.step()
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "step": 1, "rng": rng_state(), "config": {"lr": 1e-3, "log_to": None, "aux": [1, 2]}}  # fmt: skip
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "step": 1,
+        "rng": rng_state(),
+        "config": {"lr": 1e-3, "log_to": None, "aux": [1, 2]},
+    }
 
 
 def test_checkpoint_holds_only_tensors_and_plain_types_and_resumes_the_rngs(tmp_path: Path) -> None:
