@@ -53,7 +53,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     """CPU, numpy and Python RNG states, plus ``device``'s CUDA RNG state when it is a GPU; tensors and
     plain types only (``checkpoint.pt`` loads with ``weights_only=True``: numpy's key array is a tensor)."""
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()  # type: ignore[misc]
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     numpy_state = [
         str(kind),
         torch.from_numpy(np.asarray(keys, dtype=np.int64)),

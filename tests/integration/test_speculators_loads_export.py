@@ -13,6 +13,7 @@ skips where it is not importable, and runs in a venv that has it (docs/training.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
 
 pytestmark = pytest.mark.integration
 
-VERIFIER = {
+VERIFIER: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 64,

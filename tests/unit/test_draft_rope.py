@@ -11,6 +11,7 @@ the draft's q/k projection in a training forward (``ttt_forward``) and in a spec
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ def _deepseek_target(rope_scaling: dict[str, Any], max_position: int) -> dict[st
     """A tiny DeepSeek-V3 (Kimi-K2 shaped rope) config.json dict, as transformers writes it."""
     from transformers import DeepseekV3Config
 
+    legacy: dict[str, Any] = {"rope_theta": 50000.0, "rope_scaling": dict(rope_scaling)}  # as Kimi-K2's config.json
     return DeepseekV3Config(
         hidden_size=H,
         num_attention_heads=HEADS,
@@ -48,13 +50,12 @@ def _deepseek_target(rope_scaling: dict[str, Any], max_position: int) -> dict[st
         vocab_size=V,
         intermediate_size=128,
         max_position_embeddings=max_position,
-        rope_theta=50000.0,
-        rope_scaling=dict(rope_scaling),
         qk_rope_head_dim=HEAD_DIM,
         qk_nope_head_dim=32,
         v_head_dim=32,
         kv_lora_rank=64,
         q_lora_rank=32,
+        **legacy,
     ).to_dict()
 
 
@@ -99,10 +100,17 @@ TARGETS = {
 }
 
 
+def _labelled(label: str) -> Callable[[str], str]:
+    return lambda message: f"{label}: {message}"
+
+
 def _positions(context: int) -> torch.Tensor:
     """Every position below 300, then 200 spread up to the last one (context - 1)."""
     spread = torch.linspace(300, context - 1, 200).round().long()
-    return torch.unique(torch.cat([torch.arange(300), spread, torch.tensor([255, 1023, 4095, context - 1])]))
+    positions: torch.Tensor = torch.unique(
+        torch.cat([torch.arange(300), spread, torch.tensor([1023, 4095, context - 1])])
+    )
+    return positions
 
 
 def _vllm_rope(export_dir: Path) -> tuple[Any, int]:
@@ -193,8 +201,8 @@ def test_training_rope_equals_vllms_draft_rope(name: str, tmp_path: Path) -> Non
     }.items():
         rows = positions if where == "training" else positions[::7]
         index = torch.searchsorted(positions, rows)
-        torch.testing.assert_close(cos, want_cos[index], rtol=0, atol=0, msg=lambda m, w=where: f"{w} cos: {m}")
-        torch.testing.assert_close(sin, want_sin[index], rtol=0, atol=0, msg=lambda m, w=where: f"{w} sin: {m}")
+        torch.testing.assert_close(cos, want_cos[index], rtol=0, atol=0, msg=_labelled(f"{where} cos"))
+        torch.testing.assert_close(sin, want_sin[index], rtol=0, atol=0, msg=_labelled(f"{where} sin"))
 
     # the rotation itself, with the attention factor (q and k both carry it), as vLLM applies it
     q = torch.randn(positions.shape[0], HEADS * HEAD_DIM)
