@@ -11,8 +11,8 @@ Invariants of a returned ``VllmSpecReport``:
 
 * ``outputs_identical`` is True; or every differing prompt's first divergence is a **near-tie** (in
   ``near_ties``): the baseline verifier's top two choices there are the two engines' tokens and their
-  logprob margin (= the logit margin) is within ``NEAR_TIE_MARGIN[dtype]`` (bf16 0.5, fp16 0.0625, fp32
-  none), so the k+1-token verify pass and the 1-token step rounding differently can flip them; or
+  logprob margin (= the logit margin) is within ``NEAR_TIE_MARGIN[dtype]`` (``draft_trainer/near_tie.py``:
+  bf16 0.5, fp16 0.0625, fp32 none), so rounding can flip them; or
   ``evaluate_vllm`` raised ``VllmOutputMismatchError`` (unless ``require_identical=False``, then the first
   real difference is in ``first_mismatch``). Greedy speculative decoding must not change the text; a
   difference that is no near-tie means a broken verifier path. The baseline engine returns its top-2
@@ -40,11 +40,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from eagle3.core.engine_args import EngineArgsError, check_engine_args
+from eagle3.draft_trainer.near_tie import NEAR_TIE_MARGIN, TOP_LOGPROBS, classify_divergences
+from eagle3.draft_trainer.vllm_report import EngineRun as EngineRun
+from eagle3.draft_trainer.vllm_report import VllmSpecReport as VllmSpecReport
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory holding ``draft_trainer``
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -53,12 +56,6 @@ METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 METRIC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 SPEC_METRICS = (METRIC_DRAFTS, METRIC_DRAFT_TOKENS, METRIC_ACCEPTED, METRIC_ACCEPTED_PER_POS)
 LOG_TAIL_CHARS = 4000
-# Largest top-1 minus top-2 logit margin (nats) at which a divergence counts as a rounding near-tie, per
-# verifier dtype. bf16 keeps 8 significant bits: logits of 16-32 are stored 0.125 apart, and the two
-# passes (k+1 tokens with the draft, 1 token without) sum in different orders through every layer, so
-# top logits within 4 such steps may swap; fp16 has 3 more bits (0.5 / 8); fp32 is the exact check.
-NEAR_TIE_MARGIN = {"bfloat16": 0.5, "float16": 0.0625, "float32": 0.0}
-TOP_LOGPROBS = 2
 
 Prompt = Sequence[int] | Sequence[dict[str, str]]  # token ids, or chat messages {"role", "content"}
 
@@ -69,84 +66,6 @@ class VllmEvalError(RuntimeError):
 
 class VllmOutputMismatchError(VllmEvalError):
     """Greedy output with the draft differs from greedy output without it."""
-
-
-@dataclass(frozen=True)
-class EngineRun:
-    """One engine's result. ``token_ids[i]`` are the tokens generated for prompt ``i``."""
-
-    load_s: float
-    generate_s: float
-    n_generated_tokens: int
-    token_ids: tuple[tuple[int, ...], ...]
-    spec_counters: dict[str, Any]  # metric name -> int or list[int] (difference around generate)
-    # per prompt, per generated token: the top TOP_LOGPROBS (token id, logprob), best first (baseline only)
-    top_logprobs: tuple[tuple[tuple[tuple[int, float], ...], ...], ...] = ()
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.n_generated_tokens / self.generate_s if self.generate_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class VllmSpecReport:
-    export_dir: str
-    model_dir: str
-    k: int
-    dtype: str
-    n_prompts: int
-    n_prompt_tokens: int
-    n_generated_tokens: int
-    outputs_identical: bool
-    first_mismatch: str | None
-    n_drafts: int  # verifier steps that checked a draft
-    n_draft_tokens: int  # drafted tokens (= n_drafts * k unless a request ends early)
-    n_accepted_tokens: int
-    accepted_per_pos: tuple[int, ...]  # (k,)
-    mean_acceptance_length: float  # τ_vllm = 1 + accepted / drafts
-    acceptance_rate_per_pos: tuple[float, ...]  # (k,) accepted_per_pos / drafts
-    baseline_tokens_per_s: float
-    speculative_tokens_per_s: float
-    baseline_load_s: float
-    speculative_load_s: float
-    generated_token_ids: tuple[tuple[int, ...], ...] = ()  # per prompt, with the draft (== without when identical)
-    near_ties: tuple[dict[str, Any], ...] = ()  # NearTie.to_dict() of each prompt that diverged at a near-tie
-    near_tie_margin: float = 0.0  # the bound they were held to (NEAR_TIE_MARGIN[dtype])
-
-    @property
-    def speedup(self) -> float:
-        return self.speculative_tokens_per_s / self.baseline_tokens_per_s if self.baseline_tokens_per_s else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        """The figures (no token ids), for JSON output."""
-        data = asdict(self)
-        del data["generated_token_ids"]
-        return {**data, "speedup": self.speedup}
-
-    def format_text(self) -> str:
-        per_pos = "  ".join(f"{r:.3f}" for r in self.acceptance_rate_per_pos)
-        same = "identical" if self.outputs_identical else f"DIFFERENT ({self.first_mismatch})"
-        if self.near_ties and self.first_mismatch is None:
-            widest = max(t["margin"] for t in self.near_ties)
-            same = (
-                f"identical up to {len(self.near_ties)} {self.dtype} near-tie(s) (verifier top-2 margin at the "
-                f"divergence <= {widest:.3g}, bound {self.near_tie_margin})"
-            )
-        return "\n".join(
-            [
-                f"vLLM speculative decoding (eagle3, k={self.k}, {self.dtype}): {self.export_dir}",
-                f"  verifier          {self.model_dir}",
-                f"  prompts           {self.n_prompts} ({self.n_prompt_tokens:,} prompt tokens, "
-                f"{self.n_generated_tokens:,} generated)",
-                f"  greedy output     {same} with and without the draft",
-                f"  acceptance (vLLM) tau = {self.mean_acceptance_length:.3f} tokens per verifier step "
-                f"({self.n_accepted_tokens:,} accepted of {self.n_draft_tokens:,} drafted, "
-                f"{self.n_drafts:,} drafts)",
-                f"  per position      {per_pos}",
-                f"  tokens/s          {self.baseline_tokens_per_s:.1f} without, "
-                f"{self.speculative_tokens_per_s:.1f} with the draft (x{self.speedup:.2f})",
-            ]
-        )
 
 
 def render_prompts(model_dir: str | Path, prompts: Sequence[Prompt]) -> list[list[int]]:
@@ -172,46 +91,6 @@ def render_prompts(model_dir: str | Path, prompts: Sequence[Prompt]) -> list[lis
     if not rendered:
         raise VllmEvalError("no prompts")
     return rendered
-
-
-@dataclass(frozen=True)
-class NearTie:
-    """A prompt whose outputs first differ where the baseline verifier's top two tokens are nearly tied."""
-
-    prompt: int
-    position: int  # generated-token index of the first difference
-    baseline_token: int  # the verifier's greedy choice without the draft (its top 1)
-    speculative_token: int  # the token chosen with the draft (the baseline's top 2)
-    margin: float  # top-1 minus top-2 logprob (= logit) margin of the baseline verifier there
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def classify_divergences(base: EngineRun, spec: EngineRun, margin_bound: float) -> tuple[list[NearTie], str | None]:
-    """Every prompt whose outputs differ, at its first difference: a ``NearTie`` when the two tokens are the
-    baseline verifier's top two there with a margin within ``margin_bound``; else (the first such prompt)
-    a description of the real mismatch, with the margin when known. Later tokens of a prompt that diverged
-    continue another text and are not compared."""
-    ties: list[NearTie] = []
-    for i, (a, b) in enumerate(zip(base.token_ids, spec.token_ids, strict=True)):
-        if a == b:
-            continue
-        j = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        x = a[j] if j < len(a) else "<end>"
-        y = b[j] if j < len(b) else "<end>"
-        where = f"prompt {i}, generated token {j}: {x} without the draft, {y} with it"
-        top = base.top_logprobs[i][j] if i < len(base.top_logprobs) and j < len(base.top_logprobs[i]) else ()
-        if len(top) < 2 or isinstance(x, str) or isinstance(y, str):
-            return ties, f"{where} (no verifier logprobs there to tell a near-tie)"
-        (first, first_lp), (second, second_lp) = top[0], top[1]
-        margin = first_lp - second_lp
-        if (first, second) != (x, y):
-            return ties, f"{where} (not the verifier's top two there: {first}, {second})"
-        if margin > margin_bound:
-            return ties, f"{where} (verifier top-2 margin {margin:.4g} > near-tie bound {margin_bound})"
-        ties.append(NearTie(i, j, int(x), int(y), float(margin)))
-    return ties, None
 
 
 # EngineArgs the evaluation sets itself: the two engines must differ only by the draft
@@ -375,7 +254,7 @@ def evaluate_vllm(
     spec = run_engine(_engine_request(model_path, export_path, *common), prompt_ids, max_new_tokens, ignore_eos,
                       logs / "vllm_eagle3.log", timeout_s)  # fmt: skip
     bound = NEAR_TIE_MARGIN.get(dtype, 0.0)
-    near_ties, mismatch = classify_divergences(base, spec, bound)
+    near_ties, mismatch = classify_divergences(base.token_ids, spec.token_ids, base.top_logprobs, bound)
     if mismatch is not None and require_identical:
         hint = ""
         if dtype in ("bfloat16", "float16"):

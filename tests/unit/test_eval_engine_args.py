@@ -140,13 +140,13 @@ TIED = (((5, -0.1), (9, -3.0)), ((6, -0.2), (4, -2.0)), ((7, -0.70), (8, -0.73))
 
 
 def test_a_bf16_near_tie_is_reported_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from eagle3.draft_trainer import evaluate_vllm
+    from eagle3.draft_trainer import evaluate_vllm, near_tie
 
     asked = _fake_engines(monkeypatch, (5, 6, 8), TIED)
     report = evaluate_vllm.evaluate_vllm(tmp_path, tmp_path, [[1, 2]], dtype="bfloat16", log_dir=tmp_path)
-    assert asked == [evaluate_vllm.TOP_LOGPROBS, None]  # the baseline returns its top-2, the draft's run not
+    assert asked == [near_tie.TOP_LOGPROBS, None]  # the baseline returns its top-2, the draft's run not
     assert not report.outputs_identical and report.first_mismatch is None
-    assert report.near_tie_margin == evaluate_vllm.NEAR_TIE_MARGIN["bfloat16"] == 0.5
+    assert report.near_tie_margin == near_tie.NEAR_TIE_MARGIN["bfloat16"] == 0.5
     (tie,) = report.near_ties
     assert (tie["prompt"], tie["position"], tie["baseline_token"], tie["speculative_token"]) == (0, 2, 7, 8)
     assert tie["margin"] == pytest.approx(0.03)
