@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from eagle3.draft_trainer.rope import DraftRope
+from eagle3.draft_trainer.rope import DraftRope, rope_type
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ def draft_config_from_target(
     """A draft the size of one verifier layer, from the verifier's HF ``config.json`` dict."""
     rope = target.get("rope_parameters") or {}
     theta = float(target.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-    rope_type = rope.get("rope_type", "default") if rope else (target.get("rope_scaling") or {}).get("rope_type")
-    scaling = target.get("rope_scaling") or (None if rope_type in (None, "default") else dict(rope))
+    # the verifier's scaling (rope_type, or the legacy key type), copied whole: DraftRope and vLLM read the same dict
+    scaling = target.get("rope_scaling") or (None if rope_type(rope) == "default" else dict(rope))
     heads = int(target["num_attention_heads"])
     hidden = int(target["hidden_size"])
     return DraftConfig(

@@ -96,7 +96,24 @@ TARGETS = {
     ),
     "linear": (_llama_target({"rope_type": "linear", "factor": 2.0}, 16384), 16384),
     "dynamic": (_llama_target({"rope_type": "dynamic", "factor": 2.0, "max_trained_positions": 4096}, 8192), 8192),
+    # rope_parameters with only the legacy key "type" (old configs): still YaRN on both sides
+    "legacy_type_yarn": (
+        _llama_target({"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096}, 32768),
+        32768,
+    ),
     "default": (_llama_target({"rope_type": "default"}, 8192), 8192),
+}
+
+
+KINDS = {
+    "kimi_k2_yarn": "yarn",
+    "deepseek_v3_yarn_mscale": "yarn",
+    "qwen3_yarn": "yarn",
+    "llama3": "llama3",
+    "linear": "linear",
+    "dynamic": "dynamic",
+    "legacy_type_yarn": "yarn",
+    "default": "default",
 }
 
 
@@ -188,6 +205,7 @@ def _speculation_cos_sin(draft: EagleDraft, positions: list[int]) -> tuple[torch
 def test_training_rope_equals_vllms_draft_rope(name: str, tmp_path: Path) -> None:
     target, context = TARGETS[name]
     draft = _draft(target)
+    assert draft.rope.kind == KINDS[name]  # the scaling reached the draft (a dropped one would also "match")
     (tmp_path / "config.json").write_text(json.dumps(export_config(draft)))
     rope, head_dim = _vllm_rope(tmp_path)
     assert head_dim == draft.cfg.head_dim == HEAD_DIM  # the draft's own head_dim, as vLLM's Llama layer takes it
