@@ -68,6 +68,9 @@ class TrainConfig:
     # held-out accuracy and simulated tau (the online rounds replayed) at the end of every N-th epoch, a record
     # of its own in metrics.jsonl, the plot and the trackers (0: only at the end)
     eval_every_epochs: int = 1
+    # the draft's rope: "verifier" (the verifier's rope scaling, exported so vLLM builds the same) or "default"
+    # (the plain rope, trained and exported alike: for a scaling draft_trainer/rope.py does not reproduce)
+    draft_rope: str = "verifier"
     torch_threads: int = 1
     device: str = "auto"  # "auto" (cuda:LOCAL_RANK when CUDA is available, else cpu), "cpu", "cuda", "cuda:N"
     autocast_bf16: bool = False  # bf16 autocast when training on CPU; fp32 unless set
@@ -93,6 +96,8 @@ class TrainConfig:
                 "eval_every_epochs and eval_every_steps must be >= 0 (0: only at the end), got "
                 f"{self.eval_every_epochs} and {self.eval_every_steps}"
             )
+        if self.draft_rope not in ("verifier", "default"):
+            raise ConfigError(f"draft_rope must be 'verifier' or 'default', got {self.draft_rope!r}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if not 0.0 <= self.dropout < 1.0:

@@ -55,13 +55,17 @@ class DraftConfig:
 
 
 def draft_config_from_target(
-    target: dict[str, Any], draft_vocab_size: int, aux_layer_ids: tuple[int, ...]
+    target: dict[str, Any], draft_vocab_size: int, aux_layer_ids: tuple[int, ...], rope: str = "verifier"
 ) -> DraftConfig:
-    """A draft the size of one verifier layer, from the verifier's HF ``config.json`` dict."""
-    rope = target.get("rope_parameters") or {}
-    theta = float(target.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    """A draft the size of one verifier layer, from the verifier's HF ``config.json`` dict. ``rope``:
+    "verifier" (its rope scaling, which the export carries to vLLM) or "default" (the plain rope at the
+    verifier's theta, trained and exported alike: TrainConfig.draft_rope)."""
+    params = target.get("rope_parameters") or {}
+    theta = float(target.get("rope_theta") or params.get("rope_theta") or 10000.0)
     # the verifier's scaling (rope_type, or the legacy key type), copied whole: DraftRope and vLLM read the same dict
-    scaling = target.get("rope_scaling") or (None if rope_type(rope) == "default" else dict(rope))
+    scaling = target.get("rope_scaling") or (None if rope_type(params) == "default" else dict(params))
+    if rope == "default":
+        scaling = None
     heads = int(target["num_attention_heads"])
     hidden = int(target["hidden_size"])
     return DraftConfig(

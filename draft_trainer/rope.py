@@ -21,7 +21,9 @@ computes what those classes compute, in the same float32 order:
 
 Any other type (``longrope``, ``ntk``, m-rope, a partial rotary factor, ...) is refused with
 ``RopeError`` when the draft is built: training it with another rope than vLLM's would ruin the draft
-silently. tests/unit/test_draft_rope.py holds each type against vLLM's own ``get_rope``.
+silently. ``TrainConfig.draft_rope = "default"`` is the way out: the draft is trained and exported
+with the plain rope (no ``rope_scaling`` in its config), so vLLM builds that one.
+tests/unit/test_draft_rope.py holds each type against vLLM's own ``get_rope``.
 """
 
 from __future__ import annotations
@@ -112,13 +114,15 @@ class DraftRope(torch.nn.Module):
             raise RopeError(
                 f"the verifier's rope_scaling type {kind!r} is not one the draft trainer reproduces "
                 f"(supported: {', '.join(SUPPORTED)}); vLLM would build that rope for the exported "
-                "draft and a draft trained with another would be silently wrong"
+                "draft and a draft trained with another would be silently wrong. Pass --set draft_rope=default "
+                "to train and export the draft with the plain rope instead (vLLM then builds that one too)"
             )
         partial = float(params.get("partial_rotary_factor", 1.0))
         if partial != 1.0 or "rope_dim" in params or "mrope_section" in params:
             raise RopeError(
                 f"rope settings {params}: a partial or multimodal rotary embedding is not reproduced by "
-                "the draft trainer (its draft rotates the whole head_dim)"
+                "the draft trainer (its draft rotates the whole head_dim); pass --set draft_rope=default to train "
+                "and export the draft with the plain rope instead"
             )
         self.kind, self.position_divisor, self.attention_factor = kind, 1.0, 1.0
         base = float(theta)

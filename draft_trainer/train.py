@@ -74,7 +74,7 @@ def build_draft(cfg: TrainConfig, meta_hidden: int, aux_ids: tuple[int, ...]) ->
         )
     if vocab.target_vocab_size != int(target["vocab_size"]):
         raise DataError(f"vocab {cfg.vocab} is over {vocab.target_vocab_size} ids, verifier has {target['vocab_size']}")
-    draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids)
+    draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids, rope=cfg.draft_rope)
     if cfg.init_from:
         model = load_draft(cfg.init_from)
         if model.cfg != draft_cfg:

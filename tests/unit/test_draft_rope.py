@@ -259,5 +259,32 @@ def test_yarn_attention_factor_is_vllms() -> None:
 def test_unreproduced_rope_is_refused_when_the_draft_is_built(rope_parameters: dict[str, Any]) -> None:
     from eagle3.draft_trainer.rope import RopeError
 
-    with pytest.raises(RopeError, match="not reproduced|not one the draft trainer reproduces"):
+    with pytest.raises(RopeError, match=r"(not reproduced|not one the draft trainer reproduces).*draft_rope=default"):
         _draft(_llama_target(rope_parameters, 8192))
+
+
+def test_draft_rope_default_trains_and_exports_the_plain_rope(tmp_path: Path) -> None:
+    """The way out for such a verifier (TrainConfig.draft_rope = "default"): no scaling in the draft's config,
+    and vLLM builds the same plain rope the trainer uses."""
+    target = _llama_target(
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 16,
+            "long_factor": [2.0] * 16,
+            "original_max_position_embeddings": 4096,
+        },
+        8192,
+    )
+    torch.manual_seed(0)
+    draft = EagleDraft(draft_config_from_target(target, V, (1, 2, 3), rope="default"))
+    draft.embed_tokens.copy_(torch.randn(V, H))
+    draft.set_vocab(torch.zeros(V, dtype=torch.int64), torch.ones(V, dtype=torch.bool))
+    config = export_config(draft)
+    assert config["rope_scaling"] is None and config["rope_theta"] == 500000.0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    rope, head_dim = _vllm_rope(tmp_path)
+    positions = _positions(8192)
+    cos, sin = _training_cos_sin(draft, positions)
+    want = rope.cos_sin_cache[positions]
+    torch.testing.assert_close(cos, torch.cat([want[:, : head_dim // 2]] * 2, dim=-1), rtol=0, atol=0)
+    torch.testing.assert_close(sin, torch.cat([want[:, head_dim // 2 :]] * 2, dim=-1), rtol=0, atol=0)
