@@ -35,8 +35,17 @@ DRAFT_CONFIG = "draft_config.json"
 
 
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:
-    """CPU, numpy and Python RNG states, plus ``device``'s CUDA RNG state when it is a GPU."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """CPU, numpy and Python RNG states, plus ``device``'s CUDA RNG state when it is a GPU; tensors and
+    plain types only (``checkpoint.pt`` loads with ``weights_only=True``: numpy's key array is a tensor)."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    numpy_state = [
+        str(kind),
+        torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        int(pos),
+        int(has_gauss),
+        float(cached_gaussian),
+    ]
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if device is not None and device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -46,8 +55,9 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
     """Restore ``rng_state``'s states; the CUDA one only when both the checkpoint and ``device`` have it
     (a checkpoint moved between a CPU and a GPU host resumes with the other RNGs exact)."""
     torch.set_rng_state(state["torch"].cpu())
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached_gaussian))
+    random.setstate(_as_tuples(state["python"]))
     if device is not None and device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
@@ -69,11 +79,25 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+def _as_tuples(value: Any) -> Any:
+    """Python's RNG state with its nested tuples restored (a checkpoint may hand back lists)."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list | tuple) else value
+
+
 def load_checkpoint(run_dir: Path) -> dict[str, Any] | None:
+    """The state ``save_checkpoint`` wrote, unpickled with ``weights_only=True`` (tensors and plain types
+    only: a checkpoint cannot run code); None when the run has none."""
     path = run_dir / CHECKPOINT_FILE
     if not path.is_file():
         return None
-    state: dict[str, Any] = torch.load(path, weights_only=False, map_location="cpu")
+    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    if unsafe:
+        raise CheckpointError(
+            f"{path}: holds {', '.join(unsafe[:3])}, not only tensors and plain types, so eagle3 does not unpickle "
+            "it; a checkpoint.pt of an eagle3 before weights-only checkpoints holds numpy's RNG state pickled: "
+            "finish that run with the eagle3 that started it, or delete the file to train from step 0"
+        )
+    state: dict[str, Any] = torch.load(path, weights_only=True, map_location="cpu")
     return state
 
 

@@ -101,8 +101,13 @@ def add_trainer_commands(sub: Any) -> None:
                    help="-> eagle3 with --model: the aux layers the source holds (default 2,N//2,N-3)")  # fmt: skip
     p.add_argument("--hidden-states-path", type=Path, default=None,
                    help="speculators -> eagle3: the hs_<row> files (default SOURCE/hidden_states)")  # fmt: skip
-    p.add_argument("--vocab", type=Path, default=None,
-                   help="-> speculators: an eagle3 vocab dir, written as d2t.npy/t2d.npy")  # fmt: skip
+    p.add_argument(
+        "--vocab",
+        type=Path,
+        default=None,
+        help="-> speculators / specforge: an eagle3 vocab dir, written as d2t.npy/t2d.npy (speculators) "
+        "or vocab_mapping.pt (SpecForge's --vocab-mapping-path)",
+    )
     p.add_argument("--skip-missing", action="store_true",
                    help="speculators -> eagle3: skip rows without an hs_<row> file (failed extractions)")  # fmt: skip
     p.set_defaults(func=run_convert)
@@ -188,10 +193,12 @@ def run_convert(args: argparse.Namespace) -> int:
 
     model = resolve_model_dir(args.model) if args.model else None
     skipped = 0
-    if args.vocab is not None and args.to != "speculators":
-        raise DataError("--vocab: only --to speculators writes a vocabulary (d2t.npy, t2d.npy)")
+    if args.vocab is not None and args.to == "eagle3":
+        raise DataError(
+            "--vocab: only --to speculators (d2t.npy, t2d.npy) and --to specforge (vocab_mapping.pt) write a vocabulary"
+        )
     if args.to == "specforge":
-        n = to_specforge(args.source, args.out, model)
+        n = to_specforge(args.source, args.out, model, args.vocab)
     elif args.to == "speculators":
         if model is not None:
             raise DataError("--model: speculators stores the pre-norm final state, as eagle3 does; leave it out")

@@ -66,6 +66,12 @@ class TrainConfig:
     checkpoint_every_steps: int = 50
     log_every_steps: int = 1
     eval_every_steps: int = 0  # held-out accuracy every N steps (0: only at the end)
+    # held-out accuracy and simulated tau (the online rounds replayed) at the end of every N-th epoch, a record
+    # of its own in metrics.jsonl, the plot and the trackers (0: only at the end)
+    eval_every_epochs: int = 1
+    # the draft's rope: "verifier" (the verifier's rope scaling, exported so vLLM builds the same) or "default"
+    # (the plain rope, trained and exported alike: for a scaling draft_trainer/rope.py does not reproduce)
+    draft_rope: str = "verifier"
     torch_threads: int = 1
     device: str = "auto"  # "auto" (cuda:LOCAL_RANK when CUDA is available, else cpu), "cpu", "cuda", "cuda:N"
     autocast_bf16: bool = False  # bf16 autocast when training on CPU; fp32 unless set
@@ -86,6 +92,13 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every_epochs < 0 or self.eval_every_steps < 0:
+            raise ConfigError(
+                "eval_every_epochs and eval_every_steps must be >= 0 (0: only at the end), got "
+                f"{self.eval_every_epochs} and {self.eval_every_steps}"
+            )
+        if self.draft_rope not in ("verifier", "default"):
+            raise ConfigError(f"draft_rope must be 'verifier' or 'default', got {self.draft_rope!r}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if not 0.0 <= self.dropout < 1.0:

@@ -110,11 +110,14 @@ def heldout_prompts(
     ``heldout_fraction`` None: prompts that no features sample starts with (unseen by any run on
     ``features``). A fraction: only prompts of the features' held-out split (``data.is_heldout``, the
     hash split training uses with that fraction), so the prompts come from the training distribution;
-    no training-split sample starts with one of them."""
+    no training-split sample starts with one of them. Reads no model: ``eval`` calls it before loading
+    the verifier, and an empty choice is a ``DataError`` that says what to pass."""
     trained: set[tuple[int, ...]] = set()
     split: set[tuple[int, ...]] = set()
+    n_features = 0
     if features is not None:
         for extracted in FeaturesReader(features):
+            n_features += 1
             mask = extracted.loss_mask.tolist()
             prompt_ids = tuple(extracted.input_ids[: mask.index(1) if 1 in mask else len(mask)].tolist())
             held = heldout_fraction is not None and is_heldout(extracted.sample_id, heldout_fraction)
@@ -123,17 +126,50 @@ def heldout_prompts(
         raise DataError("prompts of the held-out split need the features directory (--features)")
     prompts: list[list[int]] = []
     seen: set[tuple[int, ...]] = set()
+    n_prepared = 0
     for sample in iter_prepared(prepared):
         prompt = tuple(sample.input_ids[: sample.loss_mask.index(1)])
+        n_prepared += bool(prompt)
         wanted = prompt in split if heldout_fraction is not None else True
         if prompt and wanted and prompt not in trained and prompt not in seen:
             seen.add(prompt)
             prompts.append(list(prompt))
     if not prompts:
-        where = "the held-out split of the features" if heldout_fraction is not None else "the training features"
-        raise DataError(f"{prepared}: no prompt outside {where} to evaluate")
+        raise DataError(_no_prompt_message(prepared, features, heldout_fraction, n_prepared, n_features, len(split)))
     step = max(1, len(prompts) // n_prompts)  # spread over the dataset, not its first topic
     return prompts[::step][:n_prompts]
+
+
+def _no_prompt_message(
+    prepared: str | Path,
+    features: str | Path | None,
+    heldout_fraction: float | None,
+    n_prepared: int,
+    n_features: int,
+    n_split_prompts: int,
+) -> str:
+    """Why no prompt is left to evaluate, and what to pass instead."""
+    if n_prepared == 0:
+        return f"{prepared}: no sample with a prompt (an assistant turn after some context) to evaluate"
+    if heldout_fraction is None:
+        return (
+            f"{prepared}: every prompt was trained on (all are in --features {features}, {n_features} samples), "
+            "so none is left to evaluate unbiased: pass --heldout-fraction 0.05 (the heldout_fraction eagle3 "
+            "train used; 0.05 by default) to evaluate on the prompts it held out, or a --prepared set the "
+            "features were not extracted from"
+        )
+    if n_split_prompts == 0:
+        return (
+            f"{prepared}: the held-out split of --features {features} at --heldout-fraction {heldout_fraction} "
+            f"is empty ({n_features} samples, none held out): pass the heldout_fraction eagle3 train used (0.05 "
+            "by default) or a larger one, or leave --heldout-fraction out and give a --prepared set the features "
+            "were not extracted from"
+        )
+    return (
+        f"{prepared}: none of the {n_split_prompts} prompts held out of --features {features} at "
+        f"--heldout-fraction {heldout_fraction} is in this prepared set (or each also opens a training sample): "
+        "give the --prepared directory the features were extracted from"
+    )
 
 
 @torch.no_grad()
@@ -175,6 +211,7 @@ def evaluate(
     from eagle3.core.models import resolve_model_dir
 
     torch.set_num_threads(threads)
+    prompts = heldout_prompts(prepared, features, n_prompts, heldout_fraction)  # before any model is loaded
     model_dir = resolve_model_dir(model)
     target, tensors = load_verifier_tensors(model_dir)
     draft = load_export_draft(export_dir, tensors["embed"])
@@ -183,7 +220,6 @@ def evaluate(
     eos = target.get("eos_token_id")
     eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
     taps = VerifierTaps(verifier, draft.cfg.aux_layer_ids)
-    prompts = heldout_prompts(prepared, features, n_prompts, heldout_fraction)
     spec_s = base_s = 0.0
     accepted: list[int] = []
     identical, n_tokens = True, 0

@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from eagle3.draft_trainer.checkpoint import load_draft, write_text_atomic
+from eagle3.draft_trainer.checkpoint import load_draft, resolve_draft_dir, write_text_atomic
 from eagle3.draft_trainer.errors import CheckpointError
 from eagle3.draft_trainer.model import EagleDraft
 
 EXPORT_WEIGHTS = "model.safetensors"
 EXPORT_CONFIG = "config.json"
+
+
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask (0644 under the usual 022)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def export_config(model: EagleDraft) -> dict[str, Any]:
@@ -65,18 +73,26 @@ def export_config(model: EagleDraft) -> dict[str, Any]:
 # model_type (vLLM detects the format by ``speculators_config``), ``speculators_model_type``, the draft
 # layer's own config under ``transformer_layer_config``, and the verifier plus k under
 # ``speculators_config``. ``norm_before_residual`` defaults to true there, false in the flat format:
-# this draft normalises after taking the residual, so it is written explicitly.
+# this draft normalises after taking the residual, so it is written explicitly. What speculators' own
+# ``SpeculatorModel.from_pretrained`` needs besides (tests/integration/test_export_speculators.py loads it
+# with speculators 0.9.0): ``speculators_version``, the verifier's ``architectures``, and the decoder layer's
+# tensors under ``layers.0.`` (the names of its ``Eagle3DraftModel``; vLLM maps ``midlayer.`` there too).
 EAGLE3_KEYS = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
                "eagle_config")  # fmt: skip
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose format this writes (and the test loads)
+SPECULATORS_LAYER_PREFIX = "layers.0."
 
 
-def speculators_config(model: EagleDraft, verifier: str, num_speculative_tokens: int) -> dict[str, Any]:
+def speculators_config(
+    model: EagleDraft, verifier: str, num_speculative_tokens: int, verifier_architectures: list[str]
+) -> dict[str, Any]:
     """``config.json`` in speculators' format: ``vllm serve DIR`` loads the verifier it names with this
     draft and k speculative tokens, no ``--speculative-config`` needed."""
     flat = export_config(model)
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": {k: v for k, v in flat.items() if k not in EAGLE3_KEYS},
         "draft_vocab_size": flat["draft_vocab_size"],
         "target_hidden_size": flat["target_hidden_size"],
@@ -88,14 +104,40 @@ def speculators_config(model: EagleDraft, verifier: str, num_speculative_tokens:
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}],
-            "verifier": {"name_or_path": verifier},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
         },
     }
 
 
-def export_tensors(model: EagleDraft) -> dict[str, torch.Tensor]:
+def verifier_architectures(verifier: str, draft_dir: str | Path) -> list[str]:
+    """The verifier's ``architectures`` (speculators requires them): from ``verifier``'s ``config.json``
+    when eagle3 finds it locally, else from the training run's verifier (the ``model`` of the run's
+    ``config.json``; the same model by another name, e.g. the hub id the serving host loads)."""
+    from eagle3.core.models import ModelNotFoundError, resolve_model_dir
+
+    run_config = resolve_draft_dir(draft_dir).parent / "config.json"
+    trained_on = json.loads(run_config.read_text()).get("model") if run_config.is_file() else None
+    for candidate in (verifier, trained_on):
+        if not candidate:
+            continue
+        try:
+            config = json.loads((resolve_model_dir(str(candidate)) / "config.json").read_text())
+        except (ModelNotFoundError, OSError, ValueError):  # not local (or no JSON): try the next name
+            continue
+        if config.get("architectures"):
+            return [str(a) for a in config["architectures"]]
+    raise CheckpointError(
+        f"--format speculators needs the verifier's architectures (speculators refuses a config without them): "
+        f"neither --verifier {verifier!r} nor the run's verifier {trained_on!r} is a local checkpoint directory "
+        "whose config.json names them; give --verifier as the verifier's local directory"
+    )
+
+
+def export_tensors(model: EagleDraft, layer_prefix: str = "midlayer.") -> dict[str, torch.Tensor]:
+    """The exported tensors; ``layer_prefix`` renames ``midlayer.`` (speculators: ``layers.0.``)."""
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
+    for state_name, tensor in model.state_dict().items():
+        name = layer_prefix + state_name.removeprefix("midlayer.") if state_name.startswith("midlayer.") else state_name
         if name == "d2t":
             if model.cfg.draft_vocab_size != model.cfg.target_vocab_size:
                 out[name] = tensor.to(torch.int64).contiguous()
@@ -123,15 +165,19 @@ def export_draft(
     if num_speculative_tokens < 1:
         raise CheckpointError(f"--num-speculative-tokens must be >= 1, got {num_speculative_tokens}")
     model = load_draft(draft_dir)
+    speculators = format == "speculators"
+    if speculators:
+        architectures = verifier_architectures(str(verifier), draft_dir)
+        config = speculators_config(model, str(verifier), num_speculative_tokens, architectures)
+    else:
+        config = export_config(model)
     out = Path(export_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{EXPORT_WEIGHTS}.tmp"
-    save_file(export_tensors(model), str(tmp), metadata={"format": "pt"})
+    tensors = export_tensors(model, SPECULATORS_LAYER_PREFIX if speculators else "midlayer.")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, new_file_mode())  # safetensors 0.8 writes 0600: a vLLM running as another user could not read it
     tmp.replace(out / EXPORT_WEIGHTS)
-    config = (
-        speculators_config(model, str(verifier), num_speculative_tokens) if format == "speculators"
-        else export_config(model)
-    )  # fmt: skip
     write_text_atomic(out / EXPORT_CONFIG, json.dumps(config, indent=2) + "\n")
     return out
 

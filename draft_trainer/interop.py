@@ -48,6 +48,7 @@ from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.sample import ExtractedSample
 from eagle3.draft_trainer.errors import DataError
 from eagle3.draft_trainer.ttt import load_verifier_tensors
+from eagle3.draft_trainer.vocab import load_vocab
 
 GROUP_SIZE = 5000  # SpecForge's rows_<g>-<g+5000> sub-directories
 SIDECAR = "eagle3_features.json"
@@ -116,11 +117,31 @@ def meta_from_model(model: str | Path, model_dir: Path, aux_layer_ids: Sequence[
                         int(config["vocab_size"]), "bfloat16", tokenizer_sha256(model_dir))  # fmt: skip
 
 
-def to_specforge(features_dir: str | Path, out_dir: str | Path, model_dir: str | Path | None = None) -> int:
+VOCAB_MAPPING = "vocab_mapping.pt"  # what SpecForge's prepare_hidden_states.py writes beside its .ckpt files
+
+
+def to_specforge(
+    features_dir: str | Path,
+    out_dir: str | Path,
+    model_dir: str | Path | None = None,
+    vocab_dir: str | Path | None = None,
+) -> int:
     """Write every sample of ``features_dir`` as SpecForge ``.ckpt`` files; returns the sample count.
-    ``model_dir`` (the verifier, for its final norm) is needed unless the features are post-norm already."""
+    ``model_dir`` (the verifier, for its final norm) is needed unless the features are post-norm already.
+    ``vocab_dir`` (an ``eagle3 vocab`` output): also ``vocab_mapping.pt``, ``{"d2t": int64 [K], "t2d": bool
+    [V]}`` as SpecForge's ``process_token_dict_to_mappings`` saves it (the same convention: target id = draft
+    id + d2t), so its trainer (``--vocab-mapping-path``) trains the same draft vocabulary."""
     reader = FeaturesReader(features_dir)
     meta = reader.meta
+    mapping: dict[str, torch.Tensor] | None = None
+    if vocab_dir is not None:
+        vocab = load_vocab(vocab_dir)
+        if vocab.target_vocab_size != meta.vocab_size:
+            raise DataError(
+                f"{vocab_dir}: t2d covers {vocab.target_vocab_size} target ids, the features' verifier "
+                f"has {meta.vocab_size}: give this verifier's vocab"
+            )
+        mapping = {"d2t": torch.from_numpy(vocab.d2t.astype(np.int64)), "t2d": torch.from_numpy(vocab.t2d.astype(bool))}
     if len(meta.aux_layer_ids) != 3:
         raise DataError(f"{features_dir}: SpecForge expects 3 aux layers, found {list(meta.aux_layer_ids)}")
     norm: tuple[torch.Tensor, float] | None = None
@@ -149,6 +170,9 @@ def to_specforge(features_dir: str | Path, out_dir: str | Path, model_dir: str |
         }
         torch.save(record, path)
         ids.append(sample.sample_id)
+    if mapping is not None:
+        torch.save(mapping, out / (VOCAB_MAPPING + ".partial"))
+        (out / (VOCAB_MAPPING + ".partial")).replace(out / VOCAB_MAPPING)
     write_sidecar(out, replace(meta, final_norm_applied=True), ids)
     return len(ids)
 

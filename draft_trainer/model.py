@@ -11,17 +11,23 @@ One draft step (vLLM ``LlamaForCausalLMEagle3`` semantics)::
     h = o_proj(attn(q,k,v from x)) ;  h, residual = post_attention_layernorm(h + residual), h + residual
     out = mlp(h) + residual                              # prenorm: fed back as the next step's hidden
     logits = lm_head(norm(out))                          # [T, Vd] over the draft vocabulary
+
+``EagleDraft.step`` is that order, written once: training (``ttt.ttt_forward``) and speculation
+(``speculate.draft_step``) call it and differ only in the attention they pass (``StepAttention``). Its
+rope is ``rope.DraftRope``, built from the verifier's rope settings as vLLM builds the draft's.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.nn import functional
+
+from eagle3.draft_trainer.rope import DraftRope, rope_type
 
 
 @dataclass(frozen=True)
@@ -49,13 +55,17 @@ class DraftConfig:
 
 
 def draft_config_from_target(
-    target: dict[str, Any], draft_vocab_size: int, aux_layer_ids: tuple[int, ...]
+    target: dict[str, Any], draft_vocab_size: int, aux_layer_ids: tuple[int, ...], rope: str = "verifier"
 ) -> DraftConfig:
-    """A draft the size of one verifier layer, from the verifier's HF ``config.json`` dict."""
-    rope = target.get("rope_parameters") or {}
-    theta = float(target.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-    rope_type = rope.get("rope_type", "default") if rope else (target.get("rope_scaling") or {}).get("rope_type")
-    scaling = target.get("rope_scaling") or (None if rope_type in (None, "default") else dict(rope))
+    """A draft the size of one verifier layer, from the verifier's HF ``config.json`` dict. ``rope``:
+    "verifier" (its rope scaling, which the export carries to vLLM) or "default" (the plain rope at the
+    verifier's theta, trained and exported alike: TrainConfig.draft_rope)."""
+    params = target.get("rope_parameters") or {}
+    theta = float(target.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    # the verifier's scaling (rope_type, or the legacy key type), copied whole: DraftRope and vLLM read the same dict
+    scaling = target.get("rope_scaling") or (None if rope_type(params) == "default" else dict(params))
+    if rope == "default":
+        scaling = None
     heads = int(target["num_attention_heads"])
     hidden = int(target["hidden_size"])
     return DraftConfig(
@@ -75,6 +85,13 @@ def draft_config_from_target(
     )
 
 
+class StepAttention(Protocol):
+    """What a draft step attends with: this step's ``q``, ``k``, ``v`` [T, nh, d] (rope applied, kv heads
+    repeated) -> [T, nh, d]. The callee keeps whatever keys it needs (the TTT steps' keys, a KV cache)."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -85,16 +102,6 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * normed).to(x.dtype)
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``positions`` [T] -> cos, sin [T, head_dim] (Llama's rotate-half layout)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    )  # [d/2]
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, d/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # [T, d]
-    return emb.cos(), emb.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -161,6 +168,7 @@ class EagleDraft(nn.Module):
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.rope = DraftRope(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         self.resid_dropout = nn.Dropout(0.0)  # the trainer sets p (TrainConfig.dropout); no weights, not exported
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.target_vocab_size, dtype=torch.bool))
@@ -198,6 +206,16 @@ class EagleDraft(nn.Module):
         h = drop(mid.self_attn.o_proj(attn_out)) + residual  # [T, H]
         return h + drop(mid.mlp(mid.post_attention_layernorm(h)))
 
+    def step(
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, attention: StepAttention
+    ) -> torch.Tensor:
+        """One draft step (the module docstring's order): token ids [T], hidden [T, H] (``fc(aux)`` on the
+        first step, else the previous step's output), rope positions [T] -> the pre-norm output [T, H]."""
+        cos, sin = self.rope(positions)  # [T, d] each
+        q, k, v = self.midlayer.self_attn.qkv(self.layer_inputs(token_ids, hidden), cos, sin)  # [T, nh, d]
+        out = attention(q, k, v)  # [T, nh, d]
+        return self.finish(out.reshape(out.shape[0], -1), hidden)
+
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(prenorm))  # type: ignore[no-any-return]  # [T, Vd]
 
@@ -207,8 +225,7 @@ def _unchanged(x: torch.Tensor) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [Tq, nh, d], k/v [Tk, nh, d], mask [Tq, Tk] bool (True = may attend) -> [Tq, nh*d]."""
+    """q [Tq, nh, d], k/v [Tk, nh, d], mask [Tq, Tk] bool (True = may attend) -> [Tq, nh, d]."""
     scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])  # [nh, Tq, Tk]
     scores = scores.masked_fill(~mask[None], float("-inf"))
-    out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)  # [Tq, nh, d]
-    return out.reshape(q.shape[0], -1)
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)  # [Tq, nh, d]

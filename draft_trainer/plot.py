@@ -1,4 +1,4 @@
-"""PNG of a run's metrics: training loss (left) and per-step accuracy + held-out τ (right).
+"""PNG of a run's metrics: training loss (left), per-step accuracy (middle) and held-out τ (right).
 
 Drawn with Pillow (a vLLM/transformers dependency; matplotlib is not installed), so the plot is
 plain: axes with min/max labels, one polyline per series, a legend.
@@ -63,7 +63,8 @@ def _smooth(values: list[tuple[float, float]], window: int) -> list[tuple[float,
 
 def plot_metrics(metrics_path: Path, out_path: Path) -> Path:
     """Train loss and per-step accuracy (moving average over ~2% of the steps, steps without supervised
-    tokens skipped), and the held-out per-step accuracy ("held k") of the evaluations in the log."""
+    tokens skipped), the held-out per-step accuracy ("held k") and the held-out τ ("held tau") of the
+    evaluations in the log (every epoch by default, and the final one)."""
     records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
     train = [r for r in records if "loss" in r and r.get("tokens", 1) > 0]
     window = max(1, len(train) // 50)
@@ -75,10 +76,12 @@ def plot_metrics(metrics_path: Path, out_path: Path) -> Path:
     held = [r for r in records if "heldout_acc" in r]
     for k in range(n_steps if held else 0):
         acc[f"held {k}"] = [(r["step"], r["heldout_acc"][k]) for r in held]
-    image = Image.new("RGB", (2 * _W, _H), "white")
+    tau = {"held tau": [(r["step"], r["heldout_tau"]) for r in held if "heldout_tau" in r]}
+    image = Image.new("RGB", (3 * _W, _H), "white")
     draw = ImageDraw.Draw(image)
     _panel(draw, 0, "training loss (TTT, decayed sum)", loss)
     _panel(draw, _W, "per-step accuracy: train (moving avg), held-out", acc)
+    _panel(draw, 2 * _W, "held-out tau (online rounds replayed; every epoch)", tau)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
     image.save(tmp, format="PNG")
     tmp.replace(out_path)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from eagle3.core.layers import tap_module
-from eagle3.draft_trainer.model import EagleDraft, attend, rope_cos_sin
+from eagle3.draft_trainer.model import EagleDraft, attend
 
 
 class VerifierTaps:
@@ -73,6 +73,16 @@ class DraftCache:
     def crop(self, length: int) -> None:
         self.keys, self.values = self.keys[:length], self.values[:length]
 
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``EagleDraft.step``'s attention: append the ``m`` new rows' keys and values, then attend causally
+        (row ``i`` of ``m`` sees the cache up to itself) -> [m, nh, d]."""
+        m = q.shape[0]
+        self.keys = torch.cat([self.keys, k])
+        self.values = torch.cat([self.values, v])
+        s = self.length
+        mask = torch.arange(s)[None, :] <= (s - m + torch.arange(m))[:, None]  # [m, S]
+        return attend(q, self.keys, self.values, mask)
+
 
 def draft_step(
     draft: EagleDraft, cache: DraftCache, tokens: torch.Tensor, hidden: torch.Tensor, start_pos: int
@@ -80,16 +90,7 @@ def draft_step(
     """``m`` new rows (tokens [m], hidden [m, H]) at positions ``start_pos..``, appended to ``cache``.
 
     Returns the pre-norm outputs [m, H]."""
-    m = tokens.shape[0]
-    attn = draft.midlayer.self_attn
-    positions = torch.arange(start_pos, start_pos + m)
-    cos, sin = rope_cos_sin(positions, attn.head_dim, draft.cfg.rope_theta)
-    q, k, v = attn.qkv(draft.layer_inputs(tokens, hidden), cos, sin)  # [m, nh, d]
-    cache.keys = torch.cat([cache.keys, k])
-    cache.values = torch.cat([cache.values, v])
-    s = cache.length
-    mask = torch.arange(s)[None, :] <= (s - m + torch.arange(m))[:, None]  # [m, S]
-    return draft.finish(attend(q, cache.keys, cache.values, mask), hidden)
+    return draft.step(tokens, hidden, torch.arange(start_pos, start_pos + tokens.shape[0]), cache)
 
 
 @dataclass

@@ -74,7 +74,7 @@ def build_draft(cfg: TrainConfig, meta_hidden: int, aux_ids: tuple[int, ...]) ->
         )
     if vocab.target_vocab_size != int(target["vocab_size"]):
         raise DataError(f"vocab {cfg.vocab} is over {vocab.target_vocab_size} ids, verifier has {target['vocab_size']}")
-    draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids)
+    draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids, rope=cfg.draft_rope)
     if cfg.init_from:
         model = load_draft(cfg.init_from)
         if model.cfg != draft_cfg:
@@ -293,12 +293,22 @@ def _log(path: Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record) + "\n")
 
 
-def _progress(bar: ProgressBar, record: dict[str, Any], started: float, tokens: int) -> None:
+def _progress(bar: ProgressBar, record: dict[str, Any], started: float, tokens: int, tau: float | None) -> None:
     elapsed_s = max(time.monotonic() - started, 1e-6)
+    held = {"held_tau": f"{tau:.2f}"} if tau is not None else {}
     bar.set_postfix(
-        loss=f"{record['loss']:.3f}", accept=f"{record['sim_accept']:.2f}", tok_s=f"{tokens / elapsed_s:,.0f}"
+        loss=f"{record['loss']:.3f}", accept=f"{record['sim_accept']:.2f}", **held, tok_s=f"{tokens / elapsed_s:,.0f}"
     )
     bar.update(1)
+
+
+def _epoch_evaluation_due(trainer: Trainer) -> bool:
+    """The step just taken ended an epoch whose held-out evaluation is due (never the last step: the final
+    evaluation follows it; never without held-out samples). The same on every rank (it is collective)."""
+    every, step = trainer.cfg.eval_every_epochs, trainer.step
+    if not every or step % trainer.steps_per_epoch or step >= trainer.total_steps:
+        return False
+    return (step // trainer.steps_per_epoch) % every == 0 and bool(trainer.data.split.heldout)
 
 
 def train(cfg: TrainConfig) -> RunResult:
@@ -314,7 +324,7 @@ def train(cfg: TrainConfig) -> RunResult:
         _truncate_metrics(metrics, trainer.step)
     stop = _Stop()
     previous = signal.signal(signal.SIGTERM, stop) if _is_main_thread() else None
-    started, tokens_seen = time.monotonic(), 0
+    started, tokens_seen, held_tau = time.monotonic(), 0, None
     bar = ProgressBar("train", trainer.total_steps, unit="step", initial=trainer.step, enabled=main and cfg.progress)
     names = parse_log_to(cfg.log_to) if main else ()
     trackers = open_trackers(names, run_dir, cfg.wandb_project, json.loads(cfg.to_json()))
@@ -329,8 +339,16 @@ def train(cfg: TrainConfig) -> RunResult:
                 _log(metrics, dict(record, epoch=(trainer.step - 1) // trainer.steps_per_epoch, time=time.time()))
                 for tracker in trackers:
                     tracker.log(record, trainer.step)
+            if _epoch_evaluation_due(trainer):  # simulated tau on the held-out split, every epoch
+                held = trainer.evaluate_heldout()
+                held_tau = held["heldout_tau"]
+                if main:
+                    epoch = trainer.step // trainer.steps_per_epoch - 1
+                    _log(metrics, dict(held, step=trainer.step, epoch=epoch, epoch_end=True, time=time.time()))
+                    for tracker in trackers:
+                        tracker.log(held, trainer.step)
             if main and cfg.progress:
-                _progress(bar, record, started, tokens_seen)
+                _progress(bar, record, started, tokens_seen, held_tau)
             if main and trainer.step % cfg.checkpoint_every_steps == 0:
                 save_checkpoint(run_dir, trainer.state())
         if main:

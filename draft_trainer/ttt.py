@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from eagle3.draft_trainer.model import EagleDraft, rope_cos_sin
-from eagle3.draft_trainer.ttt_attention import SampleLayout, resolve_implementation, ttt_attention
+from eagle3.draft_trainer.model import EagleDraft
+from eagle3.draft_trainer.ttt_attention import TTTAttention
 from eagle3.draft_trainer.ttt_loss import chunk_rows_for, chunk_terms
 
 
@@ -182,23 +182,13 @@ def ttt_forward(
     with torch.no_grad():
         teacher_logp, in_vocab = _teacher_targets(draft, teacher, batch.final, need, teacher_in_vocab)
         teacher_arg = teacher_logp.argmax(-1)  # [T] draft ids
-    attn = draft.midlayer.self_attn
-    implementation = resolve_implementation(attention, device)
-    layout = SampleLayout.build(batch.seg_start, attn.n_heads)  # shared by the K steps
+    steps_attention = TTTAttention.for_batch(batch.seg_start, draft.midlayer.self_attn.n_heads, attention)
     hidden = draft.project_aux(batch.aux)  # [T, H]
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
     loss = torch.zeros((), device=device)
     sums, correct, counted, terms, hits = [], [], [], [], []
     for k in range(ttt_steps):
         tok_rows = (rows + k + 1).clamp(max=n - 1)  # [T]
-        x = draft.layer_inputs(batch.input_ids[tok_rows], hidden)  # [T, 2H]
-        cos, sin = rope_cos_sin(batch.positions + k, attn.head_dim, draft.cfg.rope_theta)
-        q, key, value = attn.qkv(x, cos, sin)  # [T, nh, d] each
-        keys.append(key)
-        values.append(value)
-        out = ttt_attention(q, keys, values, layout, implementation)  # [T, nh, d]
-        prenorm = draft.finish(out.reshape(n, -1), hidden)  # [T, H]
+        prenorm = draft.step(batch.input_ids[tok_rows], hidden, batch.positions + k, steps_attention)  # [T, H]
         mask = step_valid(batch, k) & in_vocab[tok_rows]  # [T]
         term = torch.zeros(n, device=device)
         hit = torch.zeros(n, dtype=torch.bool, device=device)

@@ -216,6 +216,27 @@ def resolve_implementation(name: str, device: torch.device) -> str:
     return name
 
 
+class TTTAttention:
+    """The training-time-test attention of one packed batch, as ``EagleDraft.step``'s ``attention``: call
+    ``k`` (0-based) gets step ``k``'s q, k, v [T, nh, d], keeps its keys and values, and attends over
+    steps ``0..k`` (``ttt_attention``). One object per batch; the K steps share its ``SampleLayout``."""
+
+    def __init__(self, layout: SampleLayout, implementation: str) -> None:
+        self.layout, self.implementation = layout, implementation
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    @classmethod
+    def for_batch(cls, seg_start: torch.Tensor, n_heads: int, implementation: str = "auto") -> TTTAttention:
+        """``implementation`` as ``resolve_implementation`` takes it (checked here, once per batch)."""
+        return cls(SampleLayout.build(seg_start, n_heads), resolve_implementation(implementation, seg_start.device))
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.keys.append(k)
+        self.values.append(v)
+        return ttt_attention(q, self.keys, self.values, self.layout, self.implementation)  # [T, nh, d]
+
+
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], layout: SampleLayout,
                   implementation: str = "auto") -> torch.Tensor:  # fmt: skip
     """q [T, nh, d]; keys/values: step 0..k, each [T, nh, d] -> [T, nh, d] (see the module docstring)."""

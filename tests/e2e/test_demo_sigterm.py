@@ -54,7 +54,7 @@ def test_sigterm_during_training_saves_and_stops_before_export(tmp_path: Path) -
     text = stdout.decode()
     assert proc.returncode == EXIT_STOPPED == 143, text[-3000:]
     assert "stopped by SIGTERM" in text and "Rerun the same command to resume" in text
-    checkpoint_step = torch.load(run / CHECKPOINT_FILE, weights_only=False)["step"]
+    checkpoint_step = torch.load(run / CHECKPOINT_FILE, weights_only=True)["step"]
     assert checkpoint_step >= 3 and f"at step {checkpoint_step}:" in text  # saved at the stop, not step 0
     assert "[7/8]" not in text and not (out / "export").exists()  # no export of the partial draft
     assert "[8/8]" not in text and "tau" not in text.split("stopped by SIGTERM", 1)[1]

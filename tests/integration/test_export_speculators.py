@@ -15,7 +15,7 @@ import torch
 
 from eagle3.cli import main
 from eagle3.draft_trainer.checkpoint import save_draft
-from eagle3.draft_trainer.export import EAGLE3_KEYS, read_export
+from eagle3.draft_trainer.export import EAGLE3_KEYS, read_export, vllm_param_shapes
 from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
 from eagle3.draft_trainer.vocab import build_draft_vocab
 from tests.unit.test_draft_export import SMOLLM2
@@ -37,11 +37,29 @@ def test_vllm_reads_the_speculators_export(tmp_path: Path) -> None:
     save_draft(draft, tmp_path / "run" / "draft")
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "flat")]) == 0
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "spec"), "--format", "speculators"]) == 1
-    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "spec"), "--format", "speculators",
-                 "--verifier", "/models/verifier", "--num-speculative-tokens", "4"]) == 0  # fmt: skip
+    verifier = tmp_path / "verifier"  # its config.json gives the export the verifier's architectures
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({**SMOLLM2, "architectures": ["LlamaForCausalLM"]}))
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "run"),
+                "--out",
+                str(tmp_path / "spec"),
+                "--format",
+                "speculators",
+                "--verifier",
+                str(verifier),
+                "--num-speculative-tokens",
+                "4",
+            ]
+        )
+        == 0
+    )
 
     model, tokenizer, speculative = maybe_override_with_speculators(str(tmp_path / "spec"), None, False)
-    assert (model, tokenizer) == ("/models/verifier", "/models/verifier")
+    assert (model, tokenizer) == (str(verifier), str(verifier))
     assert speculative == {"method": "eagle3", "num_speculative_tokens": 4, "model": str(tmp_path / "spec")}
 
     spec_config = json.loads((tmp_path / "spec" / "config.json").read_text())
@@ -54,5 +72,8 @@ def test_vllm_reads_the_speculators_export(tmp_path: Path) -> None:
             assert layer[key] == value, key
     assert (layer["draft_vocab_size"], layer["target_hidden_size"]) == (32000, 576)
     _, spec_tensors = read_export(tmp_path / "spec")
-    assert spec_tensors.keys() == flat_tensors.keys()
-    assert all(spec_tensors[k].equal(flat_tensors[k]) for k in flat_tensors)
+    # the same tensors, the decoder layer under speculators' names (layers.0.*), which vLLM loads as they are
+    renamed = {k.replace("layers.0.", "midlayer."): v for k, v in spec_tensors.items()}
+    assert renamed.keys() == flat_tensors.keys()
+    assert all(renamed[k].equal(flat_tensors[k]) for k in flat_tensors)
+    assert vllm_param_shapes(spec_tensors) == vllm_param_shapes(flat_tensors)

@@ -74,7 +74,7 @@ def test_killed_and_stopped_run_resumes_to_the_same_curve(setup: dict[str, str],
     _wait_for_step(proc, run, 4)
     proc.send_signal(signal.SIGKILL)  # no chance to save: resume from the last periodic checkpoint
     proc.wait()
-    killed_at = torch.load(run / CHECKPOINT_FILE, weights_only=False)["step"]
+    killed_at = torch.load(run / CHECKPOINT_FILE, weights_only=True)["step"]
     assert 0 < killed_at < total
 
     proc = _start(setup, run)
@@ -83,7 +83,7 @@ def test_killed_and_stopped_run_resumes_to_the_same_curve(setup: dict[str, str],
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out.decode()[-2000:]
     assert b"stopped by SIGTERM" in out
-    stopped_at = torch.load(run / CHECKPOINT_FILE, weights_only=False)["step"]
+    stopped_at = torch.load(run / CHECKPOINT_FILE, weights_only=True)["step"]
     assert killed_at < stopped_at < total
 
     resumed = train(load_config(None, dict(setup, out=str(run))))

@@ -114,3 +114,20 @@ def test_check_export_catches_a_wrong_shape(tmp_path: Path) -> None:
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="qkv_proj"):
         check_export(out)
+
+
+def test_speculators_export_names_the_verifiers_architectures(tmp_path: Path) -> None:
+    """From --verifier when it is local, else from the run's own verifier (a hub id for the serving host);
+    refused, naming --verifier, when neither is a local checkpoint."""
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({**SMOLLM2, "architectures": ["LlamaForCausalLM"]}))
+    save_draft(EagleDraft(draft_config_from_target(SMOLLM2, 64, (2, 15, 27))), tmp_path / "run" / "draft")
+    with pytest.raises(CheckpointError, match="give --verifier as the verifier's local directory"):
+        export_draft(tmp_path / "run", tmp_path / "a", format="speculators", verifier="HuggingFaceTB/not-local-xyz")
+    out = export_draft(tmp_path / "run", tmp_path / "b", format="speculators", verifier=str(verifier))
+    assert read_export(out)[0]["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"model": str(verifier)}))  # the run's TrainConfig
+    out = export_draft(tmp_path / "run", tmp_path / "c", format="speculators", verifier="HuggingFaceTB/not-local-xyz")
+    config = read_export(out)[0]["speculators_config"]["verifier"]
+    assert config == {"name_or_path": "HuggingFaceTB/not-local-xyz", "architectures": ["LlamaForCausalLM"]}

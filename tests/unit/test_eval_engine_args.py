@@ -89,7 +89,7 @@ def test_cli_runs_both_vllm_engines_in_float32_unless_told(monkeypatch: pytest.M
 def test_a_bf16_mismatch_names_the_near_tie_and_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from eagle3.draft_trainer import evaluate_vllm
 
-    def fake_run_engine(llm: dict[str, Any], *_args: object) -> evaluate_vllm.EngineRun:
+    def fake_run_engine(llm: dict[str, Any], *_args: object, **_kwargs: object) -> evaluate_vllm.EngineRun:
         tokens = ((5, 6, 7),) if "speculative_config" not in llm else ((5, 6, 8),)
         return evaluate_vllm.EngineRun(load_s=1.0, generate_s=1.0, n_generated_tokens=3, token_ids=tokens,
                                        spec_counters={})  # fmt: skip
@@ -102,3 +102,82 @@ def test_a_bf16_mismatch_names_the_near_tie_and_the_fix(monkeypatch: pytest.Monk
         with pytest.raises(evaluate_vllm.VllmOutputMismatchError) as info:
             evaluate_vllm.evaluate_vllm(tmp_path, tmp_path, [[1, 2]], dtype=dtype, log_dir=tmp_path)
         assert ("rerun in float32" in str(info.value)) is hinted
+
+
+def _fake_engines(monkeypatch: pytest.MonkeyPatch, spec_tokens: tuple[int, ...], top: tuple[Any, ...]) -> list[Any]:
+    """Both engines faked: the baseline greedy (5, 6, 7) with ``top`` (its top-2 per token), the draft's run
+    ``spec_tokens``; vLLM's counters for 2 drafts. Returns the logprobs each engine was asked for."""
+    from eagle3.draft_trainer import evaluate_vllm
+
+    asked: list[Any] = []
+
+    def fake_run_engine(llm: dict[str, Any], *_args: object, logprobs: int | None = None) -> evaluate_vllm.EngineRun:
+        spec = "speculative_config" in llm
+        asked.append(logprobs)
+        counters = {
+            evaluate_vllm.METRIC_DRAFTS: 2,
+            evaluate_vllm.METRIC_DRAFT_TOKENS: 8,
+            evaluate_vllm.METRIC_ACCEPTED: 3,
+            evaluate_vllm.METRIC_ACCEPTED_PER_POS: [2, 1, 0, 0],
+        }
+        return evaluate_vllm.EngineRun(
+            load_s=1.0,
+            generate_s=1.0,
+            n_generated_tokens=3,
+            token_ids=(spec_tokens if spec else (5, 6, 7),),
+            spec_counters=counters if spec else {},
+            top_logprobs=() if spec else (top,),
+        )
+
+    monkeypatch.setattr(evaluate_vllm, "check_export_dir", lambda _p: None)
+    monkeypatch.setattr(evaluate_vllm, "check_eval_engine_args", lambda _a: None)
+    monkeypatch.setattr(evaluate_vllm, "render_prompts", lambda _m, _p: [[1, 2]])
+    monkeypatch.setattr(evaluate_vllm, "run_engine", fake_run_engine)
+    return asked
+
+
+TIED = (((5, -0.1), (9, -3.0)), ((6, -0.2), (4, -2.0)), ((7, -0.70), (8, -0.73)))  # token 2: 7 and 8 within 0.03
+
+
+def test_a_bf16_near_tie_is_reported_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from eagle3.draft_trainer import evaluate_vllm, near_tie
+
+    asked = _fake_engines(monkeypatch, (5, 6, 8), TIED)
+    report = evaluate_vllm.evaluate_vllm(tmp_path, tmp_path, [[1, 2]], dtype="bfloat16", log_dir=tmp_path)
+    assert asked == [near_tie.TOP_LOGPROBS, None]  # the baseline returns its top-2, the draft's run not
+    assert not report.outputs_identical and report.first_mismatch is None
+    assert report.near_tie_margin == near_tie.NEAR_TIE_MARGIN["bfloat16"] == 0.5
+    (tie,) = report.near_ties
+    assert (tie["prompt"], tie["position"], tie["baseline_token"], tie["speculative_token"]) == (0, 2, 7, 8)
+    assert tie["margin"] == pytest.approx(0.03)
+    assert "1 bfloat16 near-tie(s)" in report.format_text() and "bound 0.5" in report.format_text()
+    assert report.to_json()["near_ties"][0]["margin"] == pytest.approx(0.03)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "spec_tokens", "top", "why"),
+    [
+        ("bfloat16", (5, 6, 8), (*TIED[:2], ((7, -0.1), (8, -3.1))), r"top-2 margin 3 > near-tie bound 0.5"),
+        ("bfloat16", (5, 6, 3), TIED, r"not the verifier's top two there: 7, 8"),
+        ("bfloat16", (5, 9, 7), TIED, r"generated token 1: 6 without the draft, 9 with it"),
+        ("bfloat16", (5, 6), TIED, r"no verifier logprobs there"),  # the draft's run stopped early
+        ("float32", (5, 6, 8), TIED, r"top-2 margin 0.03 > near-tie bound 0.0"),  # fp32: the exact check
+    ],
+)
+def test_a_real_mismatch_still_fails(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    dtype: str,
+    spec_tokens: tuple[int, ...],
+    top: tuple[Any, ...],
+    why: str,
+) -> None:
+    from eagle3.draft_trainer import evaluate_vllm
+
+    _fake_engines(monkeypatch, spec_tokens, top)
+    with pytest.raises(evaluate_vllm.VllmOutputMismatchError, match=why):
+        evaluate_vllm.evaluate_vllm(tmp_path, tmp_path, [[1, 2]], dtype=dtype, log_dir=tmp_path)
+    report = evaluate_vllm.evaluate_vllm(
+        tmp_path, tmp_path, [[1, 2]], dtype=dtype, log_dir=tmp_path, require_identical=False
+    )
+    assert not report.outputs_identical and report.first_mismatch is not None and not report.near_ties
