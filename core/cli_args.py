@@ -27,6 +27,14 @@ def positive_int(text: str) -> int:
     return _checked_number(text, int, lambda v: v >= 1, "a positive integer")
 
 
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """``"4"`` or ``"3,5,7"``: distinct positive integers, in the order given."""
+    values = tuple(positive_int(part.strip()) for part in text.split(","))
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct positive integers, got {text!r}")
+    return values
+
+
 def non_negative_int(text: str) -> int:
     return _checked_number(text, int, lambda v: v >= 0, "an integer >= 0")
 

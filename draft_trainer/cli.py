@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from eagle3.core.cli_args import add_model_argument, positive_int, require_model
+from eagle3.core.cli_args import add_model_argument, positive_int, positive_int_list, require_model
+from eagle3.core.prompt_sets import PROMPT_SETS
 from eagle3.draft_trainer.vocab import VOCAB_FILE, VocabStats, make_vocab
 
 
@@ -119,10 +120,14 @@ def add_trainer_commands(sub: Any) -> None:
         "a check that the output equals the verifier's greedy output. --engine vllm runs real vLLM.",
     )
     p.add_argument("export", type=Path, help="export directory (eagle3 export)")
-    p.add_argument("--prepared", required=True, type=Path, help="prepared dataset the prompts come from")
+    p.add_argument("--prepared", type=Path, default=None, help="prepared dataset the held-out prompts come from")
     p.add_argument("--features", type=Path, default=None, help="training features: their prompts are excluded")
     add_model_argument(p)
-    p.add_argument("-k", type=positive_int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("-k", type=positive_int_list, default=(4,), metavar="K[,K...]",
+                   help="draft tokens per round; several (3,5,7) give one report each (default 4)")  # fmt: skip
+    p.add_argument("--prompt-set", action="append", choices=("heldout", *PROMPT_SETS), default=None,
+                   help="prompts to measure on, repeatable: heldout (of --prepared, the default) or mt-bench "
+                   "(MT-Bench's 80 first turns, rendered with the verifier's chat template)")  # fmt: skip
     p.add_argument("--n-prompts", type=positive_int, default=10, help="held-out prompts (default 10)")
     p.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
@@ -221,29 +226,6 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import json
+    from eagle3.draft_trainer.eval_matrix import run_eval_matrix
 
-    from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts
-
-    model = require_model(args.model)
-    if args.engine == "vllm":
-        from eagle3.core.engine_args import EngineArgsError, parse_engine_args
-        from eagle3.core.models import resolve_model_dir
-        from eagle3.draft_trainer.evaluate_vllm import VllmEvalError, evaluate_vllm
-
-        try:
-            engine_args = parse_engine_args(args.engine_arg, args.engine_args_json)
-        except EngineArgsError as exc:
-            raise VllmEvalError(str(exc)) from None
-        prompts = heldout_prompts(args.prepared, args.features, args.n_prompts, args.heldout_fraction)
-        report = evaluate_vllm(args.export, resolve_model_dir(model), prompts, k=args.k,
-                               max_new_tokens=args.max_new_tokens, tensor_parallel_size=args.tensor_parallel_size,
-                               engine_args=engine_args, kv_cache_gib=args.kv_cache_gib or None,
-                               dtype=args.dtype)  # fmt: skip
-        print(json.dumps(report.to_json()) if args.json else report.format_text())
-        return 0
-    result = evaluate(args.export, prepared=args.prepared, features=args.features, model=model, k=args.k,
-                      n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, threads=args.threads,
-                      heldout_fraction=args.heldout_fraction, same_sequences=args.same_sequences)  # fmt: skip
-    print(json.dumps(result.to_dict()) if args.json else result.format_text())
-    return 0 if result.identical else 1
+    return run_eval_matrix(args, require_model(args.model))

@@ -193,7 +193,7 @@ def offline_acceptance(
 def evaluate(
     export_dir: str | Path,
     *,
-    prepared: str | Path,
+    prepared: str | Path | None,
     features: str | Path | None = None,
     model: str,
     k: int = 4,
@@ -203,6 +203,7 @@ def evaluate(
     dtype: str = "float32",
     heldout_fraction: float | None = None,
     same_sequences: bool = False,
+    prompts: list[list[int]] | None = None,
 ) -> EvalResult:
     """Online figures on held-out prompts, offline ones on the held-out features; ``same_sequences``
     also scores the eval prompts' own greedy sequences both ways (``offline_online``, untimed)."""
@@ -211,7 +212,10 @@ def evaluate(
     from eagle3.core.models import resolve_model_dir
 
     torch.set_num_threads(threads)
-    prompts = heldout_prompts(prepared, features, n_prompts, heldout_fraction)  # before any model is loaded
+    if prompts is None:  # the held-out prompts of ``prepared``, chosen before any model is loaded
+        if prepared is None:
+            raise DataError("no prompts: pass the prepared dataset the held-out prompts come from (--prepared)")
+        prompts = heldout_prompts(prepared, features, n_prompts, heldout_fraction)
     model_dir = resolve_model_dir(model)
     target, tensors = load_verifier_tensors(model_dir)
     draft = load_export_draft(export_dir, tensors["embed"])

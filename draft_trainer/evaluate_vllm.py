@@ -203,11 +203,17 @@ def check_export_dir(export_dir: Path) -> None:
         raise VllmEvalError(f"{export_dir}: no *.safetensors")
 
 
-def evaluate_vllm(
+def evaluate_vllm(export_dir: str | Path, model_dir: str | Path, prompts: Sequence[Prompt], k: int = 4,
+                  max_new_tokens: int = 64, **options: Any) -> VllmSpecReport:  # fmt: skip
+    """``evaluate_vllm_ks`` at one ``k``."""
+    return evaluate_vllm_ks(export_dir, model_dir, prompts, (k,), max_new_tokens, **options)[0]
+
+
+def evaluate_vllm_ks(
     export_dir: str | Path,
     model_dir: str | Path,
     prompts: Sequence[Prompt],
-    k: int = 4,
+    ks: Sequence[int] = (4,),
     max_new_tokens: int = 64,
     *,
     dtype: str = "bfloat16",
@@ -220,17 +226,18 @@ def evaluate_vllm(
     timeout_s: float = 900.0,
     tensor_parallel_size: int = 1,
     engine_args: dict[str, Any] | None = None,
-) -> VllmSpecReport:
-    """Greedy vLLM without and with the eagle3 draft at ``export_dir`` on the same prompts; see the
-    module docstring for what the report guarantees. ``kv_cache_gib=None`` lets vLLM size the cache
+) -> list[VllmSpecReport]:
+    """Greedy vLLM without and with the eagle3 draft at ``export_dir`` on the same prompts, one report per
+    ``k`` in ``ks`` (the baseline engine runs once; each k is its own engine, as k is fixed per engine); see
+    the module docstring for what a report guarantees. ``kv_cache_gib=None`` lets vLLM size the cache
     (CUDA: ``gpu_memory_utilization``). ``tensor_parallel_size`` and ``engine_args`` (any other
     ``EngineArgs`` field: quantization, expert parallel, trust_remote_code, ...) apply to both engines.
     Raises ``VllmOutputMismatchError`` when the outputs differ
     (with ``require_identical``), ``VllmEvalError`` for anything else that stops the run."""
     export_path, model_path = Path(export_dir), Path(model_dir)
     check_export_dir(export_path)
-    if k < 1:
-        raise VllmEvalError(f"k (num_speculative_tokens) must be >= 1, got {k}")
+    if not ks or min(ks) < 1:
+        raise VllmEvalError(f"k (num_speculative_tokens) must be >= 1, got {list(ks)}")
     if max_new_tokens < 1:
         raise VllmEvalError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if tensor_parallel_size < 1:
@@ -242,9 +249,9 @@ def evaluate_vllm(
         raise VllmEvalError(f"prompts {too_long[:5]} exceed max_model_len {max_model_len} with {max_new_tokens} new")
     logs = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="eagle3-vllm-eval-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
-    common = (k, dtype, max_model_len, kv_cache_gib, enforce_eager, tensor_parallel_size, engine_args)
+    common = (dtype, max_model_len, kv_cache_gib, enforce_eager, tensor_parallel_size, engine_args)
     base = run_engine(
-        _engine_request(model_path, None, *common),
+        _engine_request(model_path, None, 1, *common),
         prompt_ids,
         max_new_tokens,
         ignore_eos,
@@ -252,8 +259,17 @@ def evaluate_vllm(
         timeout_s,
         logprobs=TOP_LOGPROBS,
     )
-    spec = run_engine(_engine_request(model_path, export_path, *common), prompt_ids, max_new_tokens, ignore_eos,
-                      logs / "vllm_eagle3.log", timeout_s)  # fmt: skip
+    reports = []
+    for k in ks:
+        spec = run_engine(_engine_request(model_path, export_path, k, *common), prompt_ids, max_new_tokens,
+                          ignore_eos, logs / f"vllm_eagle3_k{k}.log", timeout_s)  # fmt: skip
+        reports.append(_compare(export_path, model_path, k, dtype, prompt_ids, base, spec, require_identical))
+    return reports
+
+
+def _compare(export_path: Path, model_path: Path, k: int, dtype: str, prompt_ids: list[list[int]],
+             base: EngineRun, spec: EngineRun, require_identical: bool) -> VllmSpecReport:  # fmt: skip
+    """The report of one speculative run against the baseline; raises on a real output mismatch."""
     bound = NEAR_TIE_MARGIN.get(dtype, 0.0)
     near_ties, mismatch = classify_divergences(base.token_ids, spec.token_ids, base.top_logprobs, bound)
     if mismatch is not None and require_identical:
@@ -265,7 +281,7 @@ def evaluate_vllm(
                 "kernel difference from a broken verifier path, docs/deploy.md)"
             )
         raise VllmOutputMismatchError(
-            f"vLLM greedy output changed with the eagle3 draft {export_path}: {mismatch}{hint}"
+            f"vLLM greedy output changed with the eagle3 draft {export_path} (k={k}): {mismatch}{hint}"
         )
     report = build_report(export_path, model_path, k, dtype, prompt_ids, base, spec, mismatch)
     return replace(report, near_ties=tuple(t.to_dict() for t in near_ties), near_tie_margin=bound)

@@ -74,11 +74,11 @@ def test_cli_runs_both_vllm_engines_in_float32_unless_told(monkeypatch: pytest.M
 
     seen: list[str] = []
 
-    def fake_evaluate_vllm(*_args: object, dtype: str, **_kwargs: object) -> object:
+    def fake_evaluate_vllm_ks(*_args: object, dtype: str, **_kwargs: object) -> object:
         seen.append(dtype)
         raise evaluate_vllm.VllmEvalError("stop here")
 
-    monkeypatch.setattr(evaluate_vllm, "evaluate_vllm", fake_evaluate_vllm)
+    monkeypatch.setattr(evaluate_vllm, "evaluate_vllm_ks", fake_evaluate_vllm_ks)
     monkeypatch.setattr(evaluate, "heldout_prompts", lambda *_a, **_k: [])
     args = ["eval", str(tmp_path / "export"), "--prepared", str(tmp_path / "p"), "--engine", "vllm",
             "--model", "SmolLM2-135M-Instruct"]  # fmt: skip
