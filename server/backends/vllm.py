@@ -70,6 +70,7 @@ from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_t
 from eagle3.server.backends.hf import DTYPES
 from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
+from eagle3.server.backends.vllm_family import check_vllm_target, family_engine_kwargs
 from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
 
 logger = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ class VllmBackend:
         started = time.monotonic()
         ckpt = open_checkpoint(self.config, progress)
         model_dir, aux, n_layers = ckpt.model_dir, ckpt.aux_layer_ids, ckpt.num_hidden_layers
+        check_vllm_target(ckpt)  # the family's traps, before the engine (server/backends/vllm_family.py)
         max_len = int(getattr(ckpt.text, "max_position_embeddings", 0) or 0)
         # vLLM's max_model_len counts the one token generate() makes: a prompt of exactly that length is
         # rejected. The engine gets one more position when the model has it; the longest sample served
@@ -235,6 +237,7 @@ class VllmBackend:
         self.store_dir = tempfile.mkdtemp(prefix=DIR_PREFIX + owner_tag(), dir=root)
         kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], engine_len, device, self.store_dir,
                                engine_arg_fields(), server)  # fmt: skip
+        kwargs = family_engine_kwargs(ckpt, DTYPES[self.config.dtype], device, kwargs)
         export_package_root()
         if device == "cpu":
             bind_cpu_workers(self.config.tensor_parallel_size)
