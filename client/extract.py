@@ -47,6 +47,7 @@ from eagle3.core.protocol.features import SHARDS_DIR, FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedMeta, PreparedSample, iter_prepared, read_meta
 from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
+from eagle3.core.sizes import feature_sizes, preflight_line
 
 logger = logging.getLogger(__name__)
 LOADING_RETRY_AFTER_S = 5  # the server's Retry-After while loading: retries of a loading server last about this each
@@ -198,6 +199,8 @@ def extract_dataset(
         if config.check_disk and n_tokens_todo:
             check_free_disk(out_dir, n_tokens_todo, meta, config.shard_mb)
         logger.info("%d samples (%d tokens) to extract, %d already done", n_todo, n_tokens_todo, n_skipped)
+        sizes = feature_sizes(meta.n_layers_stored, meta.hidden_size, meta.dtype)
+        logger.info("%s", preflight_line(sizes, n_todo, n_tokens_todo))  # before paying (core/sizes.py)
 
         summary = ExtractSummary(str(out_dir), n_skipped=n_skipped)
         batches = cut_batches(  # pass 2: the samples themselves, streamed

@@ -31,6 +31,7 @@ from eagle3.core.masking import ChatTokenizer
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec
 from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
+from eagle3.core.sizes import feature_sizes
 from eagle3.core.tokenizer_probe import probe_tokenizer
 from eagle3.server.backends import Backend, BackendConfig, BackendError, BackendInfo, make_backend
 from eagle3.server.chat_limits import ChatLimits, chat_limits
@@ -308,6 +309,7 @@ class Runtime:
             interactive_max_tokens=s.interactive_max_tokens,
             can_generate=bool(getattr(self.backend, "can_generate", False)),
             stop_token_ids=self.stop_token_ids,
+            feature_bytes=feature_sizes(info.n_layers_out, info.hidden_size).as_dict(),  # as extract stores them
             codec_auto={
                 "encode_mb_s_per_core": round(self.encode_mb_s_per_core, 1),
                 "encoder_threads": self.encoder_threads,
