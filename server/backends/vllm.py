@@ -70,7 +70,7 @@ from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_t
 from eagle3.server.backends.hf import DTYPES
 from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
-from eagle3.server.backends.vllm_family import check_kv_fit, check_vllm_target, family_engine_kwargs
+from eagle3.server.backends.vllm_family import check_engine_fit, check_vllm_target, family_engine_kwargs
 from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
 
 logger = logging.getLogger(__name__)
@@ -232,8 +232,8 @@ class VllmBackend:
         self._load_hidden_states, self._cleanup_hidden_states = stock.load_hidden_states, stock.cleanup_hidden_states
         self._sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         kv_cache_gib = self.config.vllm.kv_cache_gib or (CPU_KV_CACHE_GIB if device == "cpu" else None)
-        check_kv_fit(ckpt, self.config.dtype, self.config.tensor_parallel_size, engine_len,
-                     None if kv_cache_gib is None else int(kv_cache_gib * 2**30))  # fmt: skip
+        kv_cache_bytes = None if kv_cache_gib is None else int(kv_cache_gib * 2**30)
+        check_engine_fit(ckpt, self.config, device, engine_len, kv_cache_bytes)  # server/backends/vllm_family.py
         server = mark_server()  # every engine process dies with this one (server/backends/engine_guard.py)
         root = handover_root(self.config)
         remove_stale_dirs(root)

