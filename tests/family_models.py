@@ -114,7 +114,7 @@ def qwen3_moe_dir(root: Path, tokenizer_from: Path | None = None, *, dtype: torc
     top-2) saved to ``root``."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = Qwen3MoeConfig(
+    config = Qwen3MoeConfig(  # type: ignore[call-arg]
         vocab_size=_vocab(root, tokenizer_from),
         hidden_size=256,
         intermediate_size=512,
@@ -122,7 +122,7 @@ def qwen3_moe_dir(root: Path, tokenizer_from: Path | None = None, *, dtype: torc
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=32,  # type: ignore[call-arg]  (a PretrainedConfig kwarg Qwen3MoeConfig reads)
+        head_dim=32,  # a PretrainedConfig kwarg that Qwen3MoeConfig reads (not in its signature)
         num_experts=8,
         num_experts_per_tok=2,
         norm_topk_prob=True,

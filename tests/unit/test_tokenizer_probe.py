@@ -94,7 +94,8 @@ def test_the_fix_changes_the_tokenizer_hash_and_prepare_masks_a_deepseek_chat(
         "<｜begin▁of▁sentence｜>Be brief.<｜User｜>What is 2 + 2? 你好<｜Assistant｜>4. 你好！<｜end▁of▁sentence｜>"
         "<｜User｜>And 3 + 3?<｜Assistant｜>6 🙂<｜end▁of▁sentence｜>"
     )
-    runs, run = [], []
+    runs: list[list[int]] = []
+    run: list[int] = []
     for token, keep in zip(sample.input_ids, sample.loss_mask, strict=True):
         if keep:
             run.append(token)
