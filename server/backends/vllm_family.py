@@ -46,11 +46,11 @@ def check_vllm_target(ckpt: Checkpoint) -> None:
     text = model_config(ckpt.model_dir)
     error = routing_keys_error(text, str(ckpt.model_dir / "config.json"))
     if error:
-        raise BackendError(error)
+        raise BackendError(error, retryable=False)
     try:
         check_vllm_aux_layer_ids(text, ckpt.aux_layer_ids)
     except ValueError as exc:
-        raise BackendError(f"--aux-layer-ids: {exc}") from None
+        raise BackendError(f"--aux-layer-ids: {exc}", retryable=False) from None
 
 
 @dataclass(frozen=True)
