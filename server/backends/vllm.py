@@ -70,7 +70,12 @@ from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_t
 from eagle3.server.backends.hf import DTYPES
 from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
-from eagle3.server.backends.vllm_family import check_engine_fit, check_vllm_target, family_engine_kwargs
+from eagle3.server.backends.vllm_family import (
+    check_engine_fit,
+    check_vllm_target,
+    family_engine_kwargs,
+    kv_hint,
+)
 from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
 
 logger = logging.getLogger(__name__)
@@ -260,7 +265,8 @@ class VllmBackend:
             self.close()
             if isinstance(exc, BackendError):
                 raise
-            raise BackendError(f"vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
+            hint = kv_hint(ckpt, self.config, engine_len)  # vLLM's own KV message is in its processes' log
+            raise BackendError(f"vLLM engine failed to start: {type(exc).__name__}: {exc}{hint}") from exc
         progress("ready", 1.0)
         logger.info(
             "vllm backend: %s on %s (%s, tp=%d) loaded in %.1f s; handover dir %s",

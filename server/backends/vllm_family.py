@@ -153,3 +153,15 @@ def check_engine_fit(ckpt: Checkpoint, config: BackendConfig, device: str, engin
     error = kv_fit_error(text, dtype, tp, engine_len, kv_cache_bytes)
     if error:
         raise BackendError(error, retryable=False)
+
+
+def kv_hint(ckpt: Checkpoint, config: BackendConfig, engine_len: int) -> str:
+    """Appended to a failed engine start: the KV cache this context needs, and the flag that shrinks it
+    (when vLLM sized the cache itself, its "KV cache is needed" message is only in its processes' log)."""
+    per_token = kv_bytes_per_token(model_config(ckpt.model_dir), config.dtype, config.tensor_parallel_size)
+    if per_token is None:
+        return ""
+    return (f". If the log above says the KV cache cannot hold one sequence: this model needs "
+            f"{per_token / KIB:,.1f} KiB per token per rank, {per_token * engine_len / 2**30:,.2f} GiB for its "
+            f"{engine_len:,}-token context; a capture-only server needs only the longest sample you extract, so "
+            "pass --max-model-len that long (or more --kv-cache-gib / --gpu-memory-utilization)")  # fmt: skip

@@ -75,3 +75,16 @@ def test_vllm_cpu_mla_needs_every_sample_in_one_step(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match=r"--max-batch-tokens 257 or more, or --max-model-len 63 or less"):
         VllmBackend(config).load(lambda phase, _fraction: phases.append(phase))
     assert not any(phase.startswith("starting vLLM") for phase in phases)
+
+
+def test_a_failed_engine_start_says_what_the_context_needs(tmp_path: Path) -> None:
+    """Where vLLM sized the KV cache itself (CUDA), its "KV cache is needed" message stays in its
+    processes' log: the backend's error adds this model's KV need and the flag that shrinks it."""
+    from eagle3.server.backends.identity import open_checkpoint
+    from eagle3.server.backends.vllm_family import kv_hint
+
+    model_dir = deepseek_v3_dir(tmp_path / "ds")
+    config = BackendConfig(model=str(model_dir), dtype="bfloat16")
+    hint = kv_hint(open_checkpoint(config, lambda _p, _f: None), config, 8192)
+    assert "13.5 KiB per token per rank, 0.11 GiB for its 8,192-token context" in hint  # 576 x 6 x 2 B
+    assert "pass --max-model-len" in hint
