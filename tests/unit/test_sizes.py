@@ -86,5 +86,5 @@ def test_a_failed_engine_start_says_what_the_context_needs(tmp_path: Path) -> No
     model_dir = deepseek_v3_dir(tmp_path / "ds")
     config = BackendConfig(model=str(model_dir), dtype="bfloat16")
     hint = kv_hint(open_checkpoint(config, lambda _p, _f: None), config, 8192)
-    assert "13.5 KiB per token per rank, 0.11 GiB for its 8,192-token context" in hint  # 576 x 6 x 2 B
+    assert "6.8 KiB per token per rank, 0.05 GiB for its 8,192-token context" in hint  # 576 x 6 layers x 2 B
     assert "pass --max-model-len" in hint
