@@ -265,7 +265,8 @@ class VllmBackend:
             self.close()
             if isinstance(exc, BackendError):
                 raise
-            hint = kv_hint(ckpt, self.config, engine_len)  # vLLM's own KV message is in its processes' log
+            # the root cause is only in the engine processes' log: name the KV need, the usual one
+            hint = kv_hint(ckpt, self.config, engine_len) if "initialization failed" in str(exc) else ""
             raise BackendError(f"vLLM engine failed to start: {type(exc).__name__}: {exc}{hint}") from exc
         progress("ready", 1.0)
         logger.info(
