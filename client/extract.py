@@ -42,6 +42,7 @@ from eagle3.core.protocol.features import SHARDS_DIR, FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedMeta, PreparedSample, iter_prepared, read_meta
 from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
+from eagle3.core.sizes import feature_sizes, preflight_line
 
 logger = logging.getLogger(__name__)
 LOADING_RETRY_AFTER_S = 5  # the server's Retry-After while loading: retries of a loading server last about this each
@@ -250,6 +251,8 @@ class _ExtractRun:
             self.n_tokens_todo,
             self.summary.n_skipped,
         )
+        sizes = feature_sizes(self.meta.n_layers_stored, self.meta.hidden_size, self.meta.dtype)
+        logger.info("%s", preflight_line(sizes, self.n_todo, self.n_tokens_todo))  # before paying (core/sizes.py)
 
     def fetcher(self) -> SampleFetcher:
         config = self.config

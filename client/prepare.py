@@ -33,6 +33,7 @@ from eagle3.core.masking import ChatTokenizer
 from eagle3.core.models import resolve_model_dir
 from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol import META_FILE, SAMPLES_FILE, STATS_FILE, PreparedMeta, PreparedSample
+from eagle3.core.tokenizer_probe import TokenizerProbeError, probe_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,10 @@ def prepare_dataset(
     model_dir = resolve_model_dir(model)
     cfg = model_config(model_dir)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir, config.trust_remote_code)
+    try:  # a tokenizer that loses text would make every sample wrong (core/tokenizer_probe.py)
+        probe_tokenizer(tokenizer, model_dir)
+    except TokenizerProbeError as exc:
+        raise PrepareError(str(exc)) from None
     vocab_size = int(cfg.get("vocab_size") or len(tokenizer))
     context = int(cfg.get("max_position_embeddings") or 0) or None
     limits = [x for x in (config.max_length, context) if x]

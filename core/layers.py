@@ -15,9 +15,17 @@ from typing import Any
 
 
 def default_aux_layer_ids(num_hidden_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's choice: one low, one middle and one high layer."""
+    """EAGLE-3's choice: one low, one middle and one high layer, ``(2, N // 2, N - 3)`` (vLLM's and the
+    public drafts' default). Where those repeat (``N <= 6``: ``[2, 3, 3]`` for 6) the distinct ids among
+    ``(1, N // 2, N - 1)`` instead; never id 0 unless ``N == 1`` (vLLM's DeepSeek backbone cannot tap the
+    embedding output, server/backends/family.py)."""
     n = num_hidden_layers
-    return (2, n // 2, n - 3)
+    if n < 1:
+        raise ValueError(f"a model needs at least one decoder layer, not {n}")
+    eagle3 = (2, n // 2, n - 3)
+    if len(set(eagle3)) == 3 and min(eagle3) >= 1:
+        return eagle3
+    return tuple(sorted({i for i in (1, n // 2, n - 1) if 1 <= i < n} or {0}))
 
 
 def check_aux_layer_ids(ids: Sequence[int], num_hidden_layers: int) -> tuple[int, ...]:

@@ -48,7 +48,9 @@ class ServerSettings:
         "states, for benchmarks and tests only",
         choices=("auto", "hf", "vllm", "synthetic"),
     )
-    aux_layer_ids: tuple[int, ...] | None = knob(None, "comma-separated; default 2,N//2,N-3", parse=_layer_ids)
+    aux_layer_ids: tuple[int, ...] | None = knob(
+        None, "comma-separated; default 2,N//2,N-3 (N <= 6: 1,N//2,N-1)", parse=_layer_ids
+    )
     dtype: str = knob("bfloat16", "dtype of the forward pass", choices=("bfloat16", "float32"))
     device: str = knob("auto", "where the verifier runs", choices=("auto", "cpu", "cuda"))
     trust_remote_code: bool = knob(False, "run the checkpoint's own modelling code (transformers and vLLM)")

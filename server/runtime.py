@@ -35,6 +35,8 @@ from eagle3.core.models import ModelNotFoundError
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec
 from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
+from eagle3.core.sizes import feature_sizes
+from eagle3.core.tokenizer_probe import TokenizerProbeError, probe_tokenizer
 from eagle3.server.backends import (
     Backend,
     BackendConfig,
@@ -177,10 +179,12 @@ class Runtime:
                     vllm=s.vllm_options,
                     synthetic=s.synthetic_options,
                 )
+                self._progress("checking the tokenizer", 0.0)
+                check_tokenizer(s.backend_model, s.trust_remote_code)  # before any engine (core/tokenizer_probe.py)
                 self.backend = make_backend(s.backend, config)
             info = self.backend.load(self._progress)
             self._progress("loading tokenizer", 0.96)
-            self.chat = load_chat_tokenizer(info.model_dir)
+            self.chat = load_chat_tokenizer(info.model_dir, s.trust_remote_code)
             self.chat_limits = chat_limits(self.chat, info.max_model_len) if self.chat is not None else None
             self.stop_token_ids = default_stop_token_ids(info.model_dir, self.chat)
             self.info = info
@@ -325,6 +329,7 @@ class Runtime:
             interactive_max_tokens=s.interactive_max_tokens,
             can_generate=bool(getattr(self.backend, "can_generate", False)),
             stop_token_ids=self.stop_token_ids,
+            feature_bytes=feature_sizes(info.n_layers_out, info.hidden_size).as_dict(),  # as extract stores them
             codec_auto={
                 "encode_mb_s_per_core": round(self.encode_mb_s_per_core, 1),
                 "encoder_threads": self.encoder_threads,
@@ -350,6 +355,7 @@ CONFIGURATION_ERRORS = (
     ModelNotFoundError,
     MissingModelError,
     BackendConfigError,
+    TokenizerProbeError,
     ModuleNotFoundError,
 )
 
@@ -360,12 +366,29 @@ def retry_could_cure(exc: BaseException) -> bool:
     return not isinstance(exc, CONFIGURATION_ERRORS)
 
 
-def load_chat_tokenizer(model_dir: str) -> ChatTokenizer | None:
+def check_tokenizer(model: str, trust_remote_code: bool = False) -> None:
+    """``TokenizerProbeError`` when the model's tokenizer loads but loses text on a round trip (DeepSeek-V3's
+    files beside another config type, core/tokenizer_probe.py); a model without a loadable tokenizer passes
+    (it is served with ``input_ids`` only, ``load_chat_tokenizer``)."""
+    from transformers import AutoTokenizer
+
+    from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
+    from eagle3.server.backends.dummy_model import is_dummy
+
+    model_dir = resolve_model_dir(DEFAULT_MODEL if is_dummy(model) else model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 (no tokenizer: nothing to probe)
+        return
+    probe_tokenizer(tokenizer, model_dir)
+
+
+def load_chat_tokenizer(model_dir: str, trust_remote_code: bool = False) -> ChatTokenizer | None:
     """The model's tokenizer with its chat template, or None (then only ``input_ids`` are accepted)."""
     from transformers import AutoTokenizer
 
     try:
-        return ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
+        return ChatTokenizer(AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code))
     except Exception as exc:  # noqa: BLE001 (any tokenizer failure means: no chat template)
         logger.warning("no chat tokenizer for %s (%s): requests must send input_ids", model_dir, exc)
         return None

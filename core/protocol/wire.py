@@ -229,6 +229,8 @@ class ServerInfo(WireObject):
     interactive_max_tokens: int = 0  # requests up to this many tokens use the interactive lane (0: no lane)
     can_generate: bool = False  # POST /v1/generate is served (core/protocol/generate.py)
     stop_token_ids: tuple[int, ...] = ()  # /v1/generate's default end of turn
+    # what extract stores (bf16): per_token, per_1k_samples_of_2k_tokens (core/sizes.py); empty: an older server
+    feature_bytes: dict[str, int] = field(default_factory=dict)
     url: str = field(default="", metadata={"local": True})  # where the SDK asked; not on the wire
 
     @property

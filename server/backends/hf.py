@@ -57,6 +57,28 @@ logger = logging.getLogger(__name__)
 MAX_PADDING_WASTE = 0.125  # bf16 groups: at most this share of a forward call's tokens is padding
 
 
+def load_language_model(model_dir: Any, dtype: torch.dtype, trust_remote_code: bool, placement: dict[str, Any]) -> Any:
+    """``AutoModelForCausalLM``; a multimodal wrapper that transformers maps only as image-text-to-text
+    (Kimi-K2.5's ``kimi_k25``: a DeepSeek-V3 language model beside a vision tower) loads as that."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code, **placement}
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        return AutoModelForImageTextToText.from_pretrained(model_dir, **kwargs)
+
+
+def text_decoder(causal: Any) -> Any:
+    """The decoder stack layer ids count in (``layers`` and the token embedding): the causal LM's base
+    model, or a wrapper's ``language_model`` (Kimi-K2.5: ``model.language_model``, a ``DeepseekV3Model``)."""
+    base = causal.base_model
+    inner = getattr(base, "language_model", None)
+    return base if hasattr(base, "layers") or inner is None else inner
+
+
 class HfBackend:
     name = "hf"
 
@@ -71,7 +93,7 @@ class HfBackend:
         self._copy_stream: Any = None  # CUDA only: device-to-host copies (``_to_host``)
 
     def load(self, progress: ProgressCallback) -> BackendInfo:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         started = time.monotonic()
         device = self.config.device
@@ -90,15 +112,11 @@ class HfBackend:
             ckpt = open_checkpoint(self.config, progress)
             progress("loading weights", 0.1)
             placement = {"device_map": device} if device != "cpu" else {}
-            causal: Any = AutoModelForCausalLM.from_pretrained(
-                ckpt.model_dir,
-                dtype=DTYPES[self.config.dtype],
-                trust_remote_code=self.config.trust_remote_code,
-                **placement,
-            )
+            causal = load_language_model(ckpt.model_dir, DTYPES[self.config.dtype], self.config.trust_remote_code,
+                                         placement)  # fmt: skip
             self.lm_model = causal.to(device).eval().requires_grad_(False)
             self.can_generate = True
-            model = causal.base_model  # the same modules: extraction never runs the lm_head
+            model = text_decoder(causal)  # the same modules: extraction never runs the lm_head
         model_dir = ckpt.model_dir
         self.model = model.to(device).eval().requires_grad_(False)
         self.device = torch.device(device)

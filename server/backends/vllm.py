@@ -72,6 +72,12 @@ from eagle3.server.backends.dtypes import DTYPES
 from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_tag, remove_stale_dirs
 from eagle3.server.backends.identity import backend_info, open_checkpoint
 from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
+from eagle3.server.backends.vllm_family import (
+    check_engine_fit,
+    check_vllm_target,
+    family_engine_kwargs,
+    kv_hint,
+)
 from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
 
 logger = logging.getLogger(__name__)
@@ -216,6 +222,7 @@ class VllmBackend:
         started = time.monotonic()
         ckpt = open_checkpoint(self.config, progress)
         model_dir, aux, n_layers = ckpt.model_dir, ckpt.aux_layer_ids, ckpt.num_hidden_layers
+        check_vllm_target(ckpt)  # the family's traps, before the engine (server/backends/vllm_family.py)
         max_len = int(getattr(ckpt.text, "max_position_embeddings", 0) or 0)
         # vLLM's max_model_len counts the one token generate() makes: a prompt of exactly that length is
         # rejected. The engine gets one more position when the model has it; the longest sample served
@@ -239,12 +246,16 @@ class VllmBackend:
             )
         self._load_hidden_states, self._cleanup_hidden_states = stock.load_hidden_states, stock.cleanup_hidden_states
         self._sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        kv_cache_gib = self.config.vllm.kv_cache_gib or (CPU_KV_CACHE_GIB if device == "cpu" else None)
+        kv_cache_bytes = None if kv_cache_gib is None else int(kv_cache_gib * 2**30)
+        check_engine_fit(ckpt, self.config, device, engine_len, kv_cache_bytes)  # server/backends/vllm_family.py
         server = mark_server()  # every engine process dies with this one (server/backends/engine_guard.py)
         root = handover_root(self.config)
         remove_stale_dirs(root)
         self.store_dir = tempfile.mkdtemp(prefix=DIR_PREFIX + owner_tag(), dir=root)
         kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], engine_len, device, self.store_dir,
                                engine_arg_fields(), server)  # fmt: skip
+        kwargs = family_engine_kwargs(ckpt, DTYPES[self.config.dtype], device, kwargs)
         export_package_root()
         if device == "cpu":
             bind_cpu_workers(self.config.tensor_parallel_size)
@@ -264,7 +275,9 @@ class VllmBackend:
             self.close()
             if isinstance(exc, BackendError):
                 raise
-            raise BackendError(f"vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
+            # the root cause is only in the engine processes' log: name the KV need, the usual one
+            hint = kv_hint(ckpt, self.config, engine_len) if "initialization failed" in str(exc) else ""
+            raise BackendError(f"vLLM engine failed to start: {type(exc).__name__}: {exc}{hint}") from exc
         progress("ready", 1.0)
         logger.info(
             "vllm backend: %s on %s (%s, tp=%d) loaded in %.1f s; handover dir %s",
