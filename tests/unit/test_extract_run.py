@@ -53,7 +53,8 @@ def test_v1_info_is_read_once_per_server_and_requests_are_cut_once(tmp_path: Pat
         tmp_path / "prep", tmp_path / "out", urls, config=config, transport=servers.transport(), sleep=lambda s: None
     )
     assert summary.n_samples == len(rows)
-    assert servers.reads_before_first_extract == 1
+    # a's info before its first request; b's may come first or not (its worker thread's timing): never more
+    assert servers.reads_before_first_extract in (1, 2)
     assert servers.info_reads == {"a": 1, "b": 1}, "each server's /v1/info once, whatever its request threads"
     bodies = [body for server in servers.servers.values() for body in server.requests]
     lengths = {r.sample_id: r.n_tokens for r in rows}
