@@ -55,7 +55,9 @@ def test_v1_info_is_read_once_per_server_and_requests_are_cut_once(tmp_path: Pat
     assert summary.n_samples == len(rows)
     # a's info before its first request; b's may come first or not (its worker thread's timing): never more
     assert servers.reads_before_first_extract in (1, 2)
-    assert servers.info_reads == {"a": 1, "b": 1}, "each server's /v1/info once, whatever its request threads"
+    # each server's /v1/info at most once, whatever its request threads (b's workers may find every batch
+    # taken by a's before they start: then b is never asked at all)
+    assert servers.info_reads["a"] == 1 and servers.info_reads["b"] <= 1, servers.info_reads
     bodies = [body for server in servers.servers.values() for body in server.requests]
     lengths = {r.sample_id: r.n_tokens for r in rows}
     sent = [[s["id"] for s in body["samples"]] for body in bodies]
