@@ -20,7 +20,7 @@ its own older bulk request (FIFO holds within a lane).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 INTERACTIVE = "interactive"
@@ -45,7 +45,11 @@ def lane_of(n_tokens: int, interactive_max_tokens: int) -> str:
 
 
 def lane_requests(
-    requests: Sequence[R], served: dict[str, int], active: set[str], schedulable: Callable[[R], bool], slack_tokens: int
+    requests: Sequence[R],
+    served: Mapping[str, float],
+    active: set[str],
+    schedulable: Callable[[R], bool],
+    slack_tokens: float,
 ) -> list[R]:
     """The interactive requests eligible for a lane pass now (in FIFO order; empty: an ordinary pass).
     ``active``: tenants with samples waiting; ``served``: tokens scheduled per tenant (the fairness clock)."""

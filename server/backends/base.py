@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -156,14 +156,48 @@ class Backend(Protocol):
         ...
 
 
+class GenerationRun(Protocol):
+    """One generate request in progress (``GeneratingBackend.start_generation``). The scheduler runs it
+    one slice per turn, so other work interleaves and a client that leaves stops it within a slice."""
+
+    def advance(self, max_new_tokens: int) -> list[Generation] | None:
+        """Generate up to ``max_new_tokens`` more tokens per prompt: every reply when the request is
+        done (each prompt stopped or at ``sampling.max_new_tokens``), else None."""
+        ...
+
+    @property
+    def generated_tokens(self) -> int:
+        """New tokens produced so far, over every prompt (replies cut at their stop token)."""
+        ...
+
+
+class WholeGeneration:
+    """A ``GenerationRun`` for an engine that generates a request in one call (one slice: all of it)."""
+
+    def __init__(self, generate: Callable[[], list[Generation]]) -> None:
+        self._generate = generate
+        self.generated_tokens = 0
+
+    def advance(self, max_new_tokens: int) -> list[Generation] | None:  # noqa: ARG002 (one slice: all of it)
+        replies = self._generate()
+        self.generated_tokens = sum(len(g.output_ids) for g in replies)
+        return replies
+
+
+@runtime_checkable
 class GeneratingBackend(Backend, Protocol):
     """A backend that also serves ``POST /v1/generate`` (hf, vllm; synthetic says it cannot). Optional:
-    the server treats a backend without ``can_generate`` (a test double, a third-party engine) as one
-    that cannot generate, so ``Backend`` itself does not require it."""
+    the server treats a backend that is no ``GeneratingBackend`` (a test double, a third-party engine)
+    as one that cannot generate, so ``Backend`` itself does not require it."""
 
     can_generate: bool
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
         """One reply per prompt, in order (see the module invariants); ``sampling.stop_token_ids`` is
         resolved (never None) by the caller."""
+        ...
+
+    def start_generation(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> GenerationRun:
+        """The same replies as ``generate``, produced a slice at a time (``GenerationRun.advance``);
+        ``WholeGeneration`` where the engine cannot stop and resume."""
         ...

@@ -64,6 +64,7 @@ from eagle3.server.backends.base import (
     BackendInfo,
     Generation,
     ProgressCallback,
+    WholeGeneration,
     cut_at_stop,
 )
 from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_tag, remove_stale_dirs
@@ -295,6 +296,10 @@ class VllmBackend:
             for path in paths:
                 if path:
                     self._cleanup_hidden_states(path)
+
+    def start_generation(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> WholeGeneration:
+        """One slice: ``LLM.generate`` runs a request to its end (stopping it midway is not offered here)."""
+        return WholeGeneration(lambda: self.generate(prompts, sampling))
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
         """vLLM's ``LLM.generate`` on the request's prompts (module docstring)."""
