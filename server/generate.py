@@ -130,11 +130,15 @@ async def _wait(request: Request, rt: Runtime, req: SchedulerRequest) -> Result 
         while not results:
             results = await req.next_results(rt.settings.heartbeat_s)
             if req.abort_error is not None:
-                raise ApiError(503, str(req.abort_error["message"]), type_="unavailable", reason="draining",
-                               retry_after_s=10)  # fmt: skip
+                raise ApiError(
+                    503, str(req.abort_error["message"]), type_="unavailable", reason="draining", retry_after_s=10
+                )
             if not results and await request.is_disconnected():
-                logger.info("generate %s: the client left after %.1f s; its work is dropped", req.request_id,
-                            time.monotonic() - started)  # fmt: skip
+                logger.info(
+                    "generate %s: the client left after %.1f s; its work is dropped",
+                    req.request_id,
+                    time.monotonic() - started,
+                )
                 return None
         rt.scheduler.consumed(req, results[0])
     finally:

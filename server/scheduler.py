@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 ExtractFn = Callable[[Sequence[Sequence[int]]], Sequence[Any]]
 GenerateFn = Callable[["GenerateWork"], Any]  # a whole generate request -> its replies (one slice)
 GENERATE_SLICE_TOKENS = 16  # new tokens per prompt in one slice of a generate request
+MAX_LANE_STREAK = 4  # lane passes in a row while bulk work waits; then an ordinary pass
 __all__ = ["AdmissionError", "Request", "Result", "Sample", "Scheduler", "request_buffer_tokens", "sample_error"]
 
 
@@ -191,6 +192,7 @@ class Scheduler:
         self._served: dict[str, int] = {}  # tenant -> tokens processed (extracted, prompts + generated)
         self._clock: dict[str, float] = {}  # tenant -> work charged, token-equivalents (the fairness clock)
         self._floor = 0.0  # the least clock of the active tenants, never decreasing (the virtual time)
+        self._lane_streak = 0  # lane passes in a row (server/lanes.py)
         self.token_rate_s = 0.0  # tokens per backend second of full extraction passes (EWMA): costs' unit
         self.inflight_tokens = 0
         self.tenant_inflight: dict[str, int] = {}
@@ -368,7 +370,15 @@ class Scheduler:
         lane = lane_requests(
             self._requests, self._clock, self._active_tenants(), self._schedulable, self.max_batch_tokens
         )
-        return self._pack(lane or self._requests)
+        if (
+            lane
+            and self._lane_streak >= MAX_LANE_STREAK
+            and any(r.lane == BULK and self._schedulable(r) for r in self._requests)
+        ):
+            lane = []  # bulk work has waited MAX_LANE_STREAK lane passes: an ordinary pass now
+        batch = self._pack(lane or self._requests)
+        self._lane_streak = self._lane_streak + 1 if lane and batch else 0
+        return batch
 
     def _pack(self, requests: list[Request]) -> list[tuple[Request, Unit]]:
         batch: list[tuple[Request, Unit]] = []

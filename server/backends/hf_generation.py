@@ -23,8 +23,9 @@ from eagle3.server.backends.base import BackendError, Generation, cut_at_stop
 
 
 class HfGenerationRun:
-    def __init__(self, lm_model: Any, device: torch.device, prompts: Sequence[Sequence[int]], sampling: Sampling,
-                 after_call: Any) -> None:  # fmt: skip
+    def __init__(
+        self, lm_model: Any, device: torch.device, prompts: Sequence[Sequence[int]], sampling: Sampling, after_call: Any
+    ) -> None:
         from transformers import DynamicCache
 
         self.lm_model, self.device, self.sampling, self.after_call = lm_model, device, sampling, after_call
