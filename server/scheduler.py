@@ -454,6 +454,7 @@ class Scheduler:
             self.metrics.inc("eagle3_forward_passes_total")
             self.metrics.observe_fill(computed_tokens / self.max_batch_tokens)
         with self._cond:
+            requeue: dict[int, tuple[Request, list[Unit]]] = {}
             for (req, unit), out, cost in zip(batch, outcomes, costs, strict=True):
                 self._charge(req.tenant, unit, out, cost)
                 if req.closed or req.abort_error is not None:
@@ -461,12 +462,15 @@ class Scheduler:
                     continue
                 if out.more is not None and out.error is None:  # not finished: its next turn
                     req.outstanding_tokens -= unit.n_tokens
-                    req.pending.appendleft(out.more)
-                    self._cond.notify_all()
+                    requeue.setdefault(id(req), (req, []))[1].append(out.more)
                     continue
                 with self._lock:
                     req.results.append(Result(unit, out.output, out.error))
                 req.notify()
+            for req, units in requeue.values():  # at the head of the queue, in their order
+                req.pending.extendleft(reversed(units))
+            if requeue:
+                self._cond.notify_all()
 
     def _note_rate(self, n_tokens: int, elapsed_s: float) -> None:
         """Retry-After's rate (every extraction pass) and the clock's (passes at least half full)."""
@@ -482,7 +486,10 @@ class Scheduler:
         if out.used_tokens is not None and tenant in self._served:
             self._served[tenant] -= unit.n_tokens - out.used_tokens
         for name, amount in out.counters:
-            self.metrics.inc(name, amount, tenant=tenant)
+            try:
+                self.metrics.inc(name, amount, tenant=tenant)
+            except KeyError:  # a unit naming a counter /metrics does not declare: never the worker's end
+                logger.error("%s counts %r, which server/metrics.py does not declare", type(unit).__name__, name)
 
     def _run_cached(self, units: list[Unit], use_cache: list[bool]) -> tuple[list[Outcome], list[Unit]]:
         """The group's outcomes, the cacheable ones looked up first (server/feature_cache.py), and the
