@@ -86,6 +86,7 @@ async def handle_generate(request: Request, tenant: str, rt: Runtime) -> Respons
         stop_token_ids=rt.stop_token_ids,
         chat=rt.chat,
         chat_limits=rt.chat_limits,
+        check_sampling=rt.check_sampling,
     )
     request_id = request.state.request_id
 

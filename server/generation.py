@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pydantic_core
 
 from eagle3.core.conversations import Message, RowError
 from eagle3.core.masking import ChatTokenizer, TemplateError
 from eagle3.core.protocol.frames import ProtocolError
 from eagle3.core.protocol.generate import GenerateRequest, Sampling
-from eagle3.server.backends.base import Generation, GenerationRun
+from eagle3.server.backends.base import BackendError, Generation, GenerationRun
 from eagle3.server.chat_limits import ChatLimits
 from eagle3.server.errors import ApiError
 from eagle3.server.units import Engine, Outcome
@@ -71,10 +73,12 @@ def default_stop_token_ids(model_dir: str, chat: ChatTokenizer | None) -> tuple[
 
 
 def parse_generate(body: bytes) -> GenerateRequest:
-    """The body as a ``GenerateRequest``, or 400 naming the field."""
+    """The body as a ``GenerateRequest``, or 400 naming the field. The parser (pydantic's jiter, as
+    ``/v1/extract``'s) bounds nesting depth while it reads: a body nested thousands deep is a 400,
+    never a ``RecursionError``."""
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = pydantic_core.from_json(body)
+    except ValueError as exc:
         raise ApiError(400, f"body is not valid JSON: {exc}") from None
     try:
         return GenerateRequest.parse(data)
@@ -94,10 +98,17 @@ def check_generate(
     stop_token_ids: tuple[int, ...],
     chat: ChatTokenizer | None,
     chat_limits: ChatLimits | None,
+    check_sampling: Callable[[Sampling], None] | None = None,
 ) -> GenerateWork:
     """Token ids per prompt (messages rendered with the generation prompt), each checked against the
-    vocabulary and the context (prompt + ``max_new_tokens``), the whole against the request cap."""
+    vocabulary and the context (prompt + ``max_new_tokens``), the whole against the request cap; the
+    sampling settings against the engine's own validation (``check_sampling``: a ``BackendError``)."""
     sampling = req.sampling
+    if check_sampling is not None:
+        try:
+            check_sampling(sampling)
+        except BackendError as exc:
+            raise ApiError(400, str(exc), param=getattr(exc.__cause__, "parameter", None)) from None
     stops = sampling.stop_token_ids if sampling.stop_token_ids is not None else stop_token_ids
     bad_stop = next((t for t in stops if t >= vocab_size), None)
     if bad_stop is not None:

@@ -30,6 +30,7 @@ from typing import Any
 from eagle3.core.masking import ChatTokenizer
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec
+from eagle3.core.protocol.generate import Sampling
 from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
 from eagle3.server.backends import Backend, BackendConfig, BackendError, BackendInfo, make_backend
 from eagle3.server.backends.base import GeneratingBackend, Generation, GenerationRun
@@ -135,6 +136,11 @@ class Runtime:
     @property
     def can_generate(self) -> bool:
         return isinstance(self.backend, GeneratingBackend) and self.backend.can_generate
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        """The engine's own validation of ``sampling`` (a non-retryable ``BackendError``), before admission."""
+        if isinstance(self.backend, GeneratingBackend):
+            self.backend.check_sampling(sampling)
 
     def start_generation(self, work: GenerateWork) -> GenerationRun:
         """Engine: one ``/v1/generate`` request in progress, each slice timed on the scheduler thread."""

@@ -201,3 +201,8 @@ class GeneratingBackend(Backend, Protocol):
         """The same replies as ``generate``, produced a slice at a time (``GenerationRun.advance``);
         ``WholeGeneration`` where the engine cannot stop and resume."""
         ...
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        """The engine's own validation of the sampling settings, before admission: a non-retryable
+        ``BackendError`` naming the limit (the route's 400) for what the engine would refuse."""
+        ...

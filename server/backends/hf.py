@@ -213,6 +213,9 @@ class HfBackend:
         assert replies is not None  # one slice of max_new_tokens finishes the request
         return replies
 
+    def check_sampling(self, sampling: Sampling) -> None:
+        """transformers samples any temperature the wire allows ((0, 100]) and any top_p in (0, 1]."""
+
     def start_generation(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> HfGenerationRun:
         """The request as a run of slices (server/backends/hf_generation.py): the same replies as ``generate``."""
         if self.lm_model is None:
