@@ -104,8 +104,15 @@ async def handle_generate(request: Request, tenant: str, rt: Runtime) -> Respons
         retryable = bool(result.error.get("retryable"))
         raise ApiError(500 if retryable else 400, str(result.error["message"]), type_=str(result.error["type"]))
     generations: list[Generation] = result.states
+    tokenizer = rt.chat.tokenizer if rt.chat is not None else None
     replies = tuple(
-        GeneratedReply(pid, len(ids), tuple(g.output_ids), g.finish_reason)
+        GeneratedReply(
+            pid,
+            len(ids),
+            tuple(g.output_ids),
+            g.finish_reason,
+            tokenizer.decode(g.output_ids, skip_special_tokens=True) if tokenizer is not None else None,
+        )
         for pid, ids, g in zip(work.prompt_ids, work.prompts, generations, strict=True)
     )
     response = GenerateResponse(

@@ -80,6 +80,7 @@ def test_greedy_equals_transformers_generate(sdk: ExtractionClient, reference: A
         with torch.inference_mode():
             want = reference.generate(torch.tensor([ids]), max_new_tokens=n_new, do_sample=False)[0, len(ids) :]
         assert list(got.output_ids) == want.tolist(), smollm2_tokenizer.decode(want)
+        assert got.text == smollm2_tokenizer.decode(want, skip_special_tokens=True) and got.text
         assert got.prompt_tokens == len(ids)
         finish.add(got.finish_reason)
         assert got.finish_reason == ("stop" if got.output_ids[-1] == 2 else "length")

@@ -180,3 +180,11 @@ def test_sampled_replies_ids_and_arguments(capsys: pytest.CaptureFixture[str]) -
         with pytest.raises(SystemExit):
             parser.parse_args(["distill", "p", "--out", "o", *bad])
         assert flag in capsys.readouterr().err
+
+
+def test_reply_text_is_optional_both_ways() -> None:
+    """A server older than ``text`` sends none (the reply's text is None); an older client ignores it."""
+    old = {"id": "a", "prompt_tokens": 2, "output_ids": [5, 2], "finish_reason": "stop"}
+    assert GeneratedReply.from_dict(old).text is None
+    new = GeneratedReply("a", 2, (5, 2), "stop", "Hi")
+    assert new.to_dict()["text"] == "Hi" and GeneratedReply.from_dict(new.to_dict()) == new
