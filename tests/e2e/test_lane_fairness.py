@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -47,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield live
 
 
-def extract(client: httpx.Client, server: LiveServer, tenant: str, samples: list[dict[str, object]]) -> None:
+def extract(client: httpx.Client, server: LiveServer, tenant: str, samples: list[dict[str, Any]]) -> None:
     resp = client.post(f"{server.url}/v1/extract", json={"samples": samples}, headers=server.headers(tenant))
     assert resp.status_code == 200, resp.text[:500]
     assert resp.content  # the whole stream read, as a client does before its next request

@@ -6,6 +6,7 @@ before admission by the engine's own validation, naming its limit."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_a_deeply_nested_body_is_a_400() -> None:
     assert ok.prompts[0].input_ids == (1, 2) and ok.max_new_tokens == 3
 
 
-def checked(temperature: float, check: object) -> object:
+def checked(temperature: float, check: Callable[[Sampling], None]) -> object:
     req = GenerateRequest.parse({"prompts": [{"id": "a", "input_ids": [1, 2]}], "temperature": temperature})
     return check_generate(
         req,
@@ -36,7 +37,7 @@ def checked(temperature: float, check: object) -> object:
         chat=None,
         chat_limits=None,
         check_sampling=check,
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_the_engines_refusal_is_a_400_naming_its_limit() -> None:
