@@ -426,15 +426,15 @@ class Scheduler:
 
     def _run_batch(self, batch: list[tuple[Request, Unit]]) -> None:
         """Run the pass's groups (units of one ``batch_key``; rate-setting kinds, the packed extraction,
-        first), then charge each unit its group's time and hand out the results."""
+        first); after each group, charge its units their group's time and hand out its results (an
+        extraction's states do not wait for a generate slice in the same pass). Unfinished units go back
+        to the head of their requests' queues at the end of the pass, in their order."""
         groups: dict[Hashable, list[int]] = {}
         for i, (_, unit) in enumerate(batch):
             groups.setdefault(unit.batch_key, []).append(i)
-        order = sorted(groups.values(), key=lambda at: not batch[at[0]][1].sets_rate)
-        outcomes: list[Outcome] = [Outcome()] * len(batch)
-        costs = [0.0] * len(batch)
         computed_tokens = 0
-        for at in order:
+        requeue: dict[int, tuple[Request, list[Unit]]] = {}
+        for at in sorted(groups.values(), key=lambda at: not batch[at[0]][1].sets_rate):
             units = [batch[i][1] for i in at]
             use_cache = [batch[i][0].use_cache and batch[i][1].cacheable for i in at]
             started = self.clock()
@@ -447,30 +447,35 @@ class Scheduler:
                 if units[0].sets_rate:
                     self._note_rate(done, elapsed_s)
             cost = self.token_equivalents(elapsed_s, group_tokens)
-            for i, out in zip(at, outs, strict=True):
-                outcomes[i] = out
-                costs[i] = cost * batch[i][1].n_tokens / max(1, group_tokens)
+            with self._cond:
+                for i, out in zip(at, outs, strict=True):
+                    req, unit = batch[i]
+                    self._finish(req, unit, out, cost * unit.n_tokens / max(1, group_tokens), requeue)
         if computed_tokens:  # a pass served wholly from the cache ran no forward pass
             self.metrics.inc("eagle3_forward_passes_total")
             self.metrics.observe_fill(computed_tokens / self.max_batch_tokens)
-        with self._cond:
-            requeue: dict[int, tuple[Request, list[Unit]]] = {}
-            for (req, unit), out, cost in zip(batch, outcomes, costs, strict=True):
-                self._charge(req.tenant, unit, out, cost)
-                if req.closed or req.abort_error is not None:
-                    req.outstanding_tokens -= unit.n_tokens
-                    continue
-                if out.more is not None and out.error is None:  # not finished: its next turn
-                    req.outstanding_tokens -= unit.n_tokens
-                    requeue.setdefault(id(req), (req, []))[1].append(out.more)
-                    continue
-                with self._lock:
-                    req.results.append(Result(unit, out.output, out.error))
-                req.notify()
-            for req, units in requeue.values():  # at the head of the queue, in their order
-                req.pending.extendleft(reversed(units))
-            if requeue:
+        if requeue:
+            with self._cond:
+                for req, more in requeue.values():
+                    if not (req.closed or req.abort_error is not None):  # closed meanwhile: dropped
+                        req.pending.extendleft(reversed(more))
                 self._cond.notify_all()
+
+    def _finish(
+        self, req: Request, unit: Unit, out: Outcome, cost: float, requeue: dict[int, tuple[Request, list[Unit]]]
+    ) -> None:
+        """(condition held) Charge ``unit`` and hand its outcome to its request (or note it for requeueing)."""
+        self._charge(req.tenant, unit, out, cost)
+        if req.closed or req.abort_error is not None:
+            req.outstanding_tokens -= unit.n_tokens
+            return
+        if out.more is not None and out.error is None:  # not finished: its next turn
+            req.outstanding_tokens -= unit.n_tokens
+            requeue.setdefault(id(req), (req, []))[1].append(out.more)
+            return
+        with self._lock:
+            req.results.append(Result(unit, out.output, out.error))
+        req.notify()
 
     def _note_rate(self, n_tokens: int, elapsed_s: float) -> None:
         """Retry-After's rate (every extraction pass) and the clock's (passes at least half full)."""
