@@ -16,8 +16,8 @@ Invariants every backend keeps (tests/integration/test_backend_parity.py holds e
 * ``extract`` raises ``BackendError`` for an engine failure; input validation (ids in range, length
   within context) happens before the scheduler, so a backend may assume valid input.
 
-``generate`` (``POST /v1/generate``, one call per request; tests/integration/test_generate.py and
-tests/integration/test_vllm_generate.py hold these):
+``generate`` and ``start_generation`` (``POST /v1/generate``, a request run in slices where the engine
+allows; tests/integration/test_generate.py and tests/integration/test_vllm_generate.py hold these):
 
 * Greedy (``temperature == 0``) is the engine's own greedy decoding: hf equals transformers
   ``model.generate(do_sample=False)`` token for token, vllm equals vLLM's ``LLM.generate`` with
