@@ -3,6 +3,7 @@
     with ExtractionClient("http://gpu-node:8000") as c:
         out = c.generate([[{"role": "user", "content": "Hi!"}]], max_new_tokens=32)
         out.replies[0].output_ids      # the generated ids, the stop token last when one ended it
+        out.replies[0].text            # the same, decoded by the server's tokenizer (no special tokens)
 
 One call is one request, and the server runs a request as one unit: a reply depends only on the
 prompts and settings of its own call (greedy is the backend's own greedy decoding; a seeded sampled

@@ -9,18 +9,21 @@ that arrives while a bulk job fills every pass waits for the pass in flight and 
 one: its time to first sample stays under about one full forward pass instead of up to two (the
 pass in flight, then a full pass it shares with bulk samples).
 
-The lane stays within the fairness rules (server/scheduler.py): every lane sample still counts
-towards its tenant's tokens scheduled, and a request is eligible only while its tenant is at most
-``slack_tokens`` (one forward pass) ahead of the least-served active tenant. A tenant that floods the
-server with small requests is soon that far ahead; its requests then wait for ordinary passes, where
-the least-served tenant goes first. A tenant that becomes active starts level with the least-served
-one, so a notebook that asks now and then is always eligible. A tenant's small request may overtake
-its own older bulk request (FIFO holds within a lane).
+The lane stays within the fairness rules (server/scheduler.py): every lane pass is charged its
+backend time to its tenants' fairness clocks, and a request is eligible only while its tenant's clock
+is at most ``slack_tokens`` (one forward pass of token-equivalents) ahead of the floor (the least clock
+of the active tenants); the scheduler also runs an ordinary pass after ``MAX_LANE_STREAK`` lane passes in
+a row while bulk work waits. A tenant that floods the server with small requests, or keeps a few in
+flight in closed loops, is soon that far ahead: a tenant that goes idle keeps its clock (it comes back
+at ``max(own, floor)``, never reset down to the floor), and its requests then wait for ordinary passes,
+where the least clock goes first. A notebook that asks now and then comes back at the floor and is
+eligible at once. A tenant's small request may overtake its own older bulk request (FIFO holds within
+a lane).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 INTERACTIVE = "interactive"
@@ -45,10 +48,14 @@ def lane_of(n_tokens: int, interactive_max_tokens: int) -> str:
 
 
 def lane_requests(
-    requests: Sequence[R], served: dict[str, int], active: set[str], schedulable: Callable[[R], bool], slack_tokens: int
+    requests: Sequence[R],
+    served: Mapping[str, float],
+    active: set[str],
+    schedulable: Callable[[R], bool],
+    slack_tokens: float,
 ) -> list[R]:
     """The interactive requests eligible for a lane pass now (in FIFO order; empty: an ordinary pass).
-    ``active``: tenants with samples waiting; ``served``: tokens scheduled per tenant (the fairness clock)."""
+    ``active``: tenants with work waiting; ``served``: each tenant's fairness clock (token-equivalents)."""
     if not active:
         return []
     floor = min(served.get(t, 0) for t in active)

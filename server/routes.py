@@ -4,24 +4,24 @@ read-only page). They hold no state: each reads the ``Runtime`` the app's lifesp
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from eagle3.server.admission import admit
 from eagle3.server.deps import authenticate, runtime_of, unavailable, viewer_unless
 from eagle3.server.errors import ApiError
 from eagle3.server.generate import GENERATE_OPENAPI, handle_generate
 from eagle3.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from eagle3.server.openapi import EXTRACT_OPENAPI
-from eagle3.server.request_limits import ClientGoneError, check_content_type, read_body
+from eagle3.server.request_limits import check_content_type
 from eagle3.server.runtime import Runtime
-from eagle3.server.scheduler import AdmissionError
 from eagle3.server.status_page import render_status_page, status_data
-from eagle3.server.stream import FrameStreamResponse
-from eagle3.server.validation import check_samples, parse_request
+from eagle3.server.stream import ExtractStream, FrameStreamResponse
+from eagle3.server.units import Sample
+from eagle3.server.validation import ExtractRequest, check_samples, parse_request
 from eagle3.server.visibility import Viewer, visible_metrics, visible_status
 
 probes = APIRouter()
@@ -97,38 +97,25 @@ async def extract(request: Request, tenant: str = Depends(authenticate)) -> Resp
 
 async def _extract(request: Request, tenant: str, rt: Runtime) -> Response:
     assert rt.info is not None
-    settings = rt.settings
-    try:
-        body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-    except ClientGoneError:
-        rt.connections.release(tenant)
-        return Response(status_code=400)  # nobody reads it
-    parsed = parse_request(body)
+    info, settings = rt.info, rt.settings
     check = functools.partial(
         check_samples,
-        parsed,
-        vocab_size=rt.info.vocab_size,
-        max_model_len=rt.info.max_model_len,
+        vocab_size=info.vocab_size,
+        max_model_len=info.max_model_len,
         max_request_tokens=settings.request_token_cap,
         chat=rt.chat,
         chat_limits=rt.chat_limits,
     )
-    if not rt.tokenize_slots.acquire(blocking=False):  # bounded: a flood waits in no unbounded queue
-        rt.metrics.inc("eagle3_rejections_total", tenant=tenant, reason="overloaded")
-        raise ApiError(503, "too many requests being validated; retry shortly", reason="overloaded", retry_after_s=1)
-    job = rt.tokenize_pool.submit(check)  # the slot comes back when the job ends, even if we stop waiting
-    job.add_done_callback(lambda _: rt.tokenize_slots.release())
-    samples = await asyncio.wrap_future(job)
-    if (err := unavailable(rt)) is not None:  # it may have started draining meanwhile
-        raise err
     request_id = request.state.request_id
-    codec = rt.codec_for(parsed.codec or settings.default_codec, request.client.host if request.client else None)
-    try:
-        stream = rt.open_stream(request_id, tenant, samples, codec, parsed.zstd_level, use_cache=parsed.cache == "use")
-    except AdmissionError as exc:
-        raise ApiError(
-            exc.status, str(exc), type_=exc.type, reason=exc.reason, retry_after_s=exc.retry_after_s
-        ) from None
+
+    def open_stream(parsed: ExtractRequest, samples: list[Sample]) -> ExtractStream:
+        codec = rt.codec_for(parsed.codec or settings.default_codec, request.client.host if request.client else None)
+        return rt.open_stream(request_id, tenant, samples, codec, parsed.zstd_level, use_cache=parsed.cache == "use")
+
+    stream = await admit(request, tenant, rt, parse_request, check, open_stream)
+    if stream is None:
+        rt.connections.release(tenant)
+        return Response(status_code=400)  # the client left during the upload: nobody reads it
     headers = {"X-Request-Id": request_id, "Cache-Control": "no-store"}
     return FrameStreamResponse(stream, headers=headers, on_close=lambda: rt.connections.release(tenant))
 

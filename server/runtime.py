@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +34,7 @@ from eagle3.core.masking import ChatTokenizer
 from eagle3.core.models import ModelNotFoundError
 from eagle3.core.protocol.error_types import error_meta
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec
+from eagle3.core.protocol.generate import Sampling
 from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
 from eagle3.core.sizes import feature_sizes
 from eagle3.core.tokenizer_probe import TokenizerProbeError, probe_tokenizer
@@ -45,16 +46,18 @@ from eagle3.server.backends import (
     BackendInfo,
     make_backend,
 )
+from eagle3.server.backends.base import GeneratingBackend, Generation, GenerationRun
 from eagle3.server.chat_limits import ChatLimits, chat_limits
 from eagle3.server.codec_choice import choose_codec, measure_encode_mb_s
 from eagle3.server.config import ServerSettings
 from eagle3.server.feature_cache import FeatureCache
-from eagle3.server.generate import default_stop_token_ids
+from eagle3.server.generation import GenerateWork, default_stop_token_ids
 from eagle3.server.load_history import expected_load_s, load_key, record_load_s
 from eagle3.server.metrics import Metrics
 from eagle3.server.request_limits import TenantConnections
-from eagle3.server.scheduler import Sample, Scheduler, request_buffer_tokens
+from eagle3.server.scheduler import GENERATE_SLICE_TOKENS, Scheduler, request_buffer_tokens
 from eagle3.server.stream import EncodeOptions, ExtractStream, stream_header
+from eagle3.server.units import Sample
 from eagle3.server.warmup import warm_up
 
 logger = logging.getLogger(__name__)
@@ -106,14 +109,14 @@ class Runtime:
         self.metrics = Metrics()
         self.metrics.info.update(backend=settings.backend, model=settings.backend_model)  # eagle3_info; set at load
         self._malloc_trim = load_malloc_trim()
+        self.generate_slice_tokens = GENERATE_SLICE_TOKENS  # Engine: new tokens per prompt in one slice
         self.scheduler = Scheduler(
-            self._extract,
+            self,  # the Engine its units run on (server/units.py)
             max_batch_tokens=settings.max_batch_tokens,
             max_inflight_tokens=settings.max_inflight_tokens,
             max_tenant_inflight_tokens=settings.max_tenant_inflight_tokens,
             metrics=self.metrics,
             interactive_max_tokens=settings.interactive_max_tokens,
-            generate=self._generate,
         )
         self.stop_token_ids: tuple[int, ...] = ()  # /v1/generate's default end of turn (set at load)
         self.metrics.gauges = self.scheduler.gauges
@@ -135,7 +138,8 @@ class Runtime:
         self.expected_load_s = expected_load_s(self._load_key) if self._records_load else None
         self._thread: threading.Thread | None = None
 
-    def _extract(self, batch: Any) -> Any:
+    def extract(self, batch: Sequence[Sequence[int]]) -> Sequence[Any]:
+        """Engine: one forward pass on the scheduler thread (timed, then the heap trimmed)."""
         assert self.backend is not None
         started = time.perf_counter()
         states = self.backend.extract(batch)
@@ -144,17 +148,21 @@ class Runtime:
             self._malloc_trim(0)
         return states
 
-    def _generate(self, work: Any) -> Any:
-        """One ``/v1/generate`` request (a ``GenerateWork``, server/generate.py) on the scheduler thread."""
+    @property
+    def can_generate(self) -> bool:
+        return isinstance(self.backend, GeneratingBackend) and self.backend.can_generate
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        """The engine's own validation of ``sampling`` (a non-retryable ``BackendError``), before admission."""
+        if isinstance(self.backend, GeneratingBackend):
+            self.backend.check_sampling(sampling)
+
+    def start_generation(self, work: GenerateWork) -> GenerationRun:
+        """Engine: one ``/v1/generate`` request in progress, each slice timed on the scheduler thread."""
         backend = self.backend
-        if not getattr(backend, "can_generate", False):
-            raise BackendError(f"the {getattr(backend, 'name', '?')} backend cannot generate", retryable=False)
-        started = time.perf_counter()
-        out = backend.generate(work.prompts, work.sampling)  # type: ignore[union-attr]
-        self.metrics.inc("eagle3_stage_seconds_total", time.perf_counter() - started, stage="generate")
-        if self._malloc_trim is not None:
-            self._malloc_trim(0)
-        return out
+        if not (isinstance(backend, GeneratingBackend) and backend.can_generate):
+            raise BackendError(f"the {self.settings.backend} backend cannot generate", retryable=False)
+        return _MeteredRun(backend.start_generation(work.prompts, work.sampling), self)
 
     def _progress(self, phase: str, fraction: float) -> None:
         self.phase, self.progress = phase, max(0.0, min(1.0, float(fraction)))
@@ -327,7 +335,7 @@ class Runtime:
             benchmark_only=info.backend == "synthetic",  # synthetic states, not a model's
             feature_cache=self.cache.describe() if self.cache is not None else {},
             interactive_max_tokens=s.interactive_max_tokens,
-            can_generate=bool(getattr(self.backend, "can_generate", False)),
+            can_generate=self.can_generate,
             stop_token_ids=self.stop_token_ids,
             feature_bytes=feature_sizes(info.n_layers_out, info.hidden_size).as_dict(),  # as extract stores them
             codec_auto={
@@ -344,6 +352,26 @@ class Runtime:
                 "max_payload_bytes": s.max_payload_bytes,
             },
         )
+
+
+class _MeteredRun:
+    """A backend's ``GenerationRun`` whose slices count as the ``generate`` stage (then the heap is trimmed)."""
+
+    def __init__(self, run: GenerationRun, rt: Runtime) -> None:
+        self.run, self.rt = run, rt
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.run.generated_tokens
+
+    def advance(self, max_new_tokens: int) -> list[Generation] | None:
+        started = time.perf_counter()
+        try:
+            return self.run.advance(max_new_tokens)
+        finally:
+            self.rt.metrics.inc("eagle3_stage_seconds_total", time.perf_counter() - started, stage="generate")
+            if self.rt._malloc_trim is not None:
+                self.rt._malloc_trim(0)
 
 
 # Load failures that the same settings reproduce on every start: a bad flag, variable or config entry,

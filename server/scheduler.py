@@ -2,10 +2,16 @@
 
 * Admission reserves a request's tokens against a per-tenant and a global in-flight budget (tokens
   admitted and not yet streamed out): over the tenant's quota is a 429, a full server a 503.
-* One worker thread packs samples into ``extract`` calls of at most ``max_batch_tokens`` tokens (a
-  sample alone over the budget runs alone), taking turns across tenants by tokens served: the tenant
-  with the fewest served tokens goes next (a tenant that becomes active starts level with the least
-  served active one, so it neither banks idle time nor pays for old work).
+* One worker thread packs units of work (server/units.py: extraction samples, generate requests,
+  any kind with the ``Unit`` members) into forward passes of at most ``max_batch_tokens`` reserved
+  tokens (a unit alone over the budget runs alone), taking turns across tenants by a fairness clock
+  (start-time fair queuing): the tenant with the least clock goes next. A unit is charged, when
+  picked, its reserved tokens, and after its pass what it cost: the backend time its group took,
+  converted to tokens at the rate of full extraction passes (``token_equivalents``), so a short lane
+  pass pays its fixed overhead and a generated token what it costs. A tenant that becomes active
+  gets ``max(own clock, the floor)`` (the floor: the least clock of the active tenants, never
+  decreasing): it does not bank idle time, and a tenant that goes idle after every pass (a
+  closed-loop client) comes back where it left, not level with the floor.
 * Each request has a bounded output buffer (``max_buffered_tokens`` of running, finished and not yet
   streamed states; ``request_buffer_tokens`` sizes it: two forward passes' worth, so a lone request
   fills pass k+1 while pass k is being encoded and sent, capped in bytes, never below one full pass);
@@ -15,35 +21,48 @@
   feature cache and only the misses reach the backend (server/feature_cache.py).
 * ``close`` (called exactly once per request, from the stream's ``finally``) drops the request's
   remaining work and returns whatever budget it still holds; releases never exceed the reservation.
-* A generate request (``POST /v1/generate``, server/generate.py) is one ``Sample`` whose ``generation``
-  is set: it is admitted, packed and taken in turn like any sample, charged prompt + ``max_new_tokens``
-  tokens (``n_tokens``), run by the ``generate`` function (one call per unit, after the pass's
-  extraction call); afterwards the tenant's fairness clock gives back the tokens it did not generate,
-  so generated tokens count toward a tenant's share exactly like extracted ones.
+* A unit whose ``Outcome`` has ``more`` (a generate request between slices) goes back to the head of
+  its request's queue and takes its turn again: other tenants' work interleaves between its slices,
+  and ``close`` (the client left) or ``abort_all`` (drain) stops it after the slice in flight.
+
+The invariant (tests/unit/test_scheduler_fairness.py drives it with closed-loop clients): over any
+window, a tenant backlogged throughout gets at least ``W / n - 2 * (slack + P)`` of the ``W``
+token-equivalents of backend work done in it, ``n`` the tenants with work in the window, ``slack`` the
+lane's (``max_batch_tokens``), ``P`` the largest charge of one pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
+
+from typing_extensions import TypeVar
 
 from eagle3.core.errors import Eagle3Error
-from eagle3.core.protocol.error_types import error_meta
+from eagle3.server.backends.base import GenerationRun, WholeGeneration
 from eagle3.server.feature_cache import FeatureCache, compute_with_cache
 from eagle3.server.lanes import BULK, lane_of, lane_requests
 from eagle3.server.metrics import Metrics
+from eagle3.server.units import Engine, Outcome, Sample, Unit, sample_error
+
+if TYPE_CHECKING:
+    from eagle3.server.generation import GenerateWork
 
 logger = logging.getLogger(__name__)
 ExtractFn = Callable[[Sequence[Sequence[int]]], Sequence[Any]]
-GenerateFn = Callable[[Any], Any]  # a Sample's ``generation`` -> its result (server/generate.py)
+GenerateFn = Callable[["GenerateWork"], Any]  # a whole generate request -> its replies (one slice)
+GENERATE_SLICE_TOKENS = 16  # new tokens per prompt in one slice of a generate request
+MAX_LANE_STREAK = 4  # lane passes in a row while bulk work waits; then an ordinary pass
+__all__ = ["AdmissionError", "Request", "Result", "Sample", "Scheduler", "request_buffer_tokens", "sample_error"]
 
 
 def request_buffer_tokens(max_batch_tokens: int, bytes_per_token: int, max_buffer_bytes: int) -> int:
@@ -54,11 +73,21 @@ def request_buffer_tokens(max_batch_tokens: int, bytes_per_token: int, max_buffe
     return max(max_batch_tokens, min(2 * max_batch_tokens, by_bytes))
 
 
-def sample_error(exc: Exception) -> dict[str, Any]:
-    """A SAMPLE_ERROR's ``error`` for the engine's failure on one sample alone: ``invalid_sample``
-    (deterministic) when the backend says the input was rejected, else ``backend_error`` (retryable)."""
-    type_ = "backend_error" if getattr(exc, "retryable", True) else "invalid_sample"
-    return error_meta(type_, f"{type(exc).__name__}: {exc}"[:500])
+class FunctionEngine:
+    """An ``Engine`` from plain functions (tests, embedding): ``generate`` runs a request in one slice."""
+
+    def __init__(self, extract: ExtractFn, generate: GenerateFn | None = None) -> None:
+        self._extract, self._generate = extract, generate
+        self.generate_slice_tokens = GENERATE_SLICE_TOKENS
+
+    def extract(self, batch: Sequence[Sequence[int]]) -> Sequence[Any]:
+        return self._extract(batch)
+
+    def start_generation(self, work: GenerateWork) -> GenerationRun:
+        generate = self._generate
+        if generate is None:
+            raise RuntimeError("this scheduler was built without a generate function")
+        return WholeGeneration(lambda: generate(work))
 
 
 class AdmissionError(Eagle3Error):
@@ -69,23 +98,16 @@ class AdmissionError(Eagle3Error):
         self.status, self.type, self.reason, self.retry_after_s = status, type_, reason, retry_after_s
 
 
-@dataclass(frozen=True)
-class Sample:
-    index: int  # position in the request
-    sample_id: str
-    input_ids: list[int]
-    loss_mask: list[int]
-    generation: Any = None  # a GenerateWork (server/generate.py): this unit is a whole generate request
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.input_ids) if self.generation is None else int(self.generation.n_tokens)
+U = TypeVar("U", bound=Unit, default=Any)  # a bare ``Result`` is any unit's
 
 
 @dataclass
-class Result:
-    sample: Sample
-    states: Any = None  # torch.Tensor [n_tokens, L+1, H] on success
+class Result(Generic[U]):
+    """One unit's outcome, for its request's reader: ``states`` is the unit's output (a ``Sample``'s
+    tensor ``[n_tokens, L+1, H]``, a generate unit's replies) on success, else ``error``."""
+
+    sample: U
+    states: Any = None
     error: dict[str, Any] | None = None  # {type, message, retryable} on failure
 
 
@@ -93,11 +115,11 @@ class Result:
 class Request:
     request_id: str
     tenant: str
-    samples: list[Sample]
+    samples: Sequence[Unit]
     lock: threading.Lock
     loop: asyncio.AbstractEventLoop
-    pending: deque[Sample] = field(default_factory=deque)  # not yet handed to the backend
-    results: deque[Result] = field(default_factory=deque)  # finished, not yet taken by the stream
+    pending: deque[Unit] = field(default_factory=deque)  # not yet handed to the backend
+    results: deque[Result[Any]] = field(default_factory=deque)  # finished, not yet taken by the stream
     outstanding_tokens: int = 0  # running or buffered (the output queue's fill)
     released_tokens: int = 0
     closed: bool = False
@@ -117,14 +139,14 @@ class Request:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.event.set)
 
-    def take_results(self) -> list[Result]:
+    def take_results(self) -> list[Result[Any]]:
         """Everything finished so far, without waiting (possibly nothing)."""
         with self.lock:
             out = list(self.results)
             self.results.clear()
         return out
 
-    async def next_results(self, timeout_s: float) -> list[Result]:
+    async def next_results(self, timeout_s: float) -> list[Result[Any]]:
         """Everything finished so far; waits up to ``timeout_s`` when nothing is (an empty list then)."""
         with self.lock:
             ready = bool(self.results) or self.abort_error is not None
@@ -142,7 +164,7 @@ class Request:
 class Scheduler:
     def __init__(
         self,
-        extract: ExtractFn,
+        engine: Engine | ExtractFn,
         *,
         max_batch_tokens: int,
         max_inflight_tokens: int,
@@ -152,9 +174,12 @@ class Scheduler:
         interactive_max_tokens: int = 0,
         cache: FeatureCache | None = None,
         generate: GenerateFn | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.extract = extract
-        self.generate = generate
+        """``engine``: what units run on (the runtime), or an extract function (with ``generate``: a
+        function running a whole generate request). ``clock``: seconds, for the units' costs."""
+        self.engine: Engine = FunctionEngine(engine, generate) if callable(engine) else engine
+        self.clock = clock
         self.max_batch_tokens = max_batch_tokens
         self.max_inflight_tokens = max_inflight_tokens
         self.max_tenant_inflight_tokens = max_tenant_inflight_tokens
@@ -165,7 +190,11 @@ class Scheduler:
         self._cond = threading.Condition()
         self._lock = threading.Lock()  # guards requests' result queues (shared with each Request)
         self._requests: list[Request] = []  # admitted, not closed; FIFO
-        self._served: dict[str, int] = {}  # tenant -> tokens scheduled (fairness clock)
+        self._served: dict[str, int] = {}  # tenant -> tokens processed (extracted, prompts + generated)
+        self._clock: dict[str, float] = {}  # tenant -> work charged, token-equivalents (the fairness clock)
+        self._floor = 0.0  # the least clock of the active tenants, never decreasing (the virtual time)
+        self._lane_streak = 0  # lane passes in a row (server/lanes.py)
+        self.token_rate_s = 0.0  # tokens per backend second of full extraction passes (EWMA): costs' unit
         self.inflight_tokens = 0
         self.tenant_inflight: dict[str, int] = {}
         self._thread: threading.Thread | None = None
@@ -174,7 +203,7 @@ class Scheduler:
 
     # ---- admission (event loop) ----
 
-    def submit(self, request_id: str, tenant: str, samples: list[Sample], *, use_cache: bool = True) -> Request:
+    def submit(self, request_id: str, tenant: str, samples: Sequence[Unit], *, use_cache: bool = True) -> Request:
         n_tokens = sum(s.n_tokens for s in samples)
         with self._cond:
             tenant_now = self.tenant_inflight.get(tenant, 0)
@@ -201,9 +230,9 @@ class Scheduler:
             req = Request(request_id, tenant, samples, self._lock, asyncio.get_running_loop(), use_cache=use_cache)
             req.lane = lane_of(n_tokens, self.interactive_max_tokens)
             req.pending.extend(samples)
-            if not self._tenant_active(tenant):
-                others = [self._served[t] for t in self._active_tenants()]
-                self._served[tenant] = min(others) if others else self._served.get(tenant, 0)
+            if not self._tenant_active(tenant):  # neither banks idle time nor is reset to the floor
+                floor = self._advance_floor()
+                self._clock[tenant] = max(self._clock.get(tenant, floor), floor)
             self._requests.append(req)
             self.inflight_tokens += n_tokens
             self.tenant_inflight[tenant] = tenant_now + n_tokens
@@ -217,7 +246,7 @@ class Scheduler:
 
     # ---- the stream's side (event loop) ----
 
-    def consumed(self, req: Request, result: Result) -> None:
+    def consumed(self, req: Request, result: Result[Any]) -> None:
         """The stream took ``result`` off the request's buffer: room for more of its samples."""
         with self._cond:
             req.outstanding_tokens -= result.sample.n_tokens
@@ -245,6 +274,8 @@ class Scheduler:
                 self.metrics.inc("eagle3_cancellations_total", tenant=req.tenant)
             req.pending.clear()
             self._requests.remove(req)
+            if self._clock.get(req.tenant, math.inf) <= self._floor and not self._tenant_open(req.tenant):
+                del self._clock[req.tenant]  # it would come back at the floor anyway: bounded by open tenants
             self._cond.notify_all()
         self.metrics.observe("eagle3_request_duration_seconds", time.monotonic() - req.admitted_at)
         self.release(req, req.n_tokens)
@@ -262,6 +293,7 @@ class Scheduler:
         with self._cond:
             if not any(r.tenant == tenant for r in self._requests):
                 self._served.pop(tenant, None)
+                self._clock.pop(tenant, None)
 
     # ---- gauges ----
 
@@ -316,22 +348,41 @@ class Scheduler:
     def _tenant_active(self, tenant: str) -> bool:
         return any(r.tenant == tenant and r.pending for r in self._requests)
 
+    def _tenant_open(self, tenant: str) -> bool:
+        return any(r.tenant == tenant for r in self._requests)
+
+    def _advance_floor(self) -> float:
+        """(condition held) The virtual time: the least clock of the active tenants, never decreasing."""
+        active = self._active_tenants()
+        if active:
+            self._floor = max(self._floor, min(self._clock.get(t, self._floor) for t in active))
+        return self._floor
+
     def _schedulable(self, req: Request) -> bool:
         if not req.pending or req.closed:
             return False
         need = req.pending[0].n_tokens
         return req.outstanding_tokens == 0 or req.outstanding_tokens + need <= self.max_buffered_tokens
 
-    def pick_batch(self) -> list[tuple[Request, Sample]]:
+    def pick_batch(self) -> list[tuple[Request, Unit]]:
         """Fill one forward pass (call with the condition held): interactive requests alone when any is
-        eligible (server/lanes.py), else everyone's; least-served tenant first."""
+        eligible (server/lanes.py), else everyone's; least clock first."""
+        self._advance_floor()
         lane = lane_requests(
-            self._requests, self._served, self._active_tenants(), self._schedulable, self.max_batch_tokens
+            self._requests, self._clock, self._active_tenants(), self._schedulable, self.max_batch_tokens
         )
-        return self._pack(lane or self._requests)
+        if (
+            lane
+            and self._lane_streak >= MAX_LANE_STREAK
+            and any(r.lane == BULK and self._schedulable(r) for r in self._requests)
+        ):
+            lane = []  # bulk work has waited MAX_LANE_STREAK lane passes: an ordinary pass now
+        batch = self._pack(lane or self._requests)
+        self._lane_streak = self._lane_streak + 1 if lane and batch else 0
+        return batch
 
-    def _pack(self, requests: list[Request]) -> list[tuple[Request, Sample]]:
-        batch: list[tuple[Request, Sample]] = []
+    def _pack(self, requests: list[Request]) -> list[tuple[Request, Unit]]:
+        batch: list[tuple[Request, Unit]] = []
         n_tokens = 0
         skipped: set[str] = set()
         while n_tokens < self.max_batch_tokens:
@@ -341,20 +392,21 @@ class Scheduler:
                     heads[req.tenant] = req
             if not heads:
                 break
-            tenant = min(heads, key=lambda t: self._served.get(t, 0))
+            tenant = min(heads, key=lambda t: self._clock.get(t, 0.0))
             req = heads[tenant]
-            sample = req.pending[0]
-            if batch and n_tokens + sample.n_tokens > self.max_batch_tokens:
+            unit = req.pending[0]
+            if batch and n_tokens + unit.n_tokens > self.max_batch_tokens:
                 skipped.add(tenant)
                 continue
             req.pending.popleft()
             if not req.first_scheduled:
                 req.first_scheduled = True
                 self.metrics.observe("eagle3_queue_wait_seconds", time.monotonic() - req.admitted_at)
-            req.outstanding_tokens += sample.n_tokens
-            self._served[tenant] = self._served.get(tenant, 0) + sample.n_tokens
-            n_tokens += sample.n_tokens
-            batch.append((req, sample))
+            req.outstanding_tokens += unit.n_tokens
+            self._served[tenant] = self._served.get(tenant, 0) + unit.n_tokens  # corrected after the pass
+            self._clock[tenant] = self._clock.get(tenant, 0.0) + unit.n_tokens  # likewise, by what it cost
+            n_tokens += unit.n_tokens
+            batch.append((req, unit))
         return batch
 
     def _run(self) -> None:
@@ -368,76 +420,111 @@ class Scheduler:
                     return
             self._run_batch(batch)
 
-    def _run_batch(self, batch: list[tuple[Request, Sample]]) -> None:
-        started = time.monotonic()
-        samples = [s for _, s in batch]
-        use_cache = [r.use_cache and s.generation is None for r, s in batch]  # generation never cached
-        tenants = [r.tenant for r, _ in batch]  # the key's tenant part under --cache-scope tenant
-        outputs, computed = compute_with_cache(self.cache, samples, use_cache, self._run_samples, tenants)
-        computed_ids = {id(s) for s in computed}
-        if computed:  # a pass served wholly from the cache ran no forward pass: no throughput figure
-            n_tokens = sum(s.n_tokens for s in computed)
-            elapsed_s = max(time.monotonic() - started, 1e-6)
-            if all(s.generation is None for s in computed):  # the Retry-After rate is extraction's
-                rate = n_tokens / elapsed_s
-                self.throughput_tok_s = 0.8 * self.throughput_tok_s + 0.2 * rate if self.throughput_tok_s else rate
+    def token_equivalents(self, seconds: float, n_tokens: int) -> float:
+        """Backend time as tokens of full extraction passes (the clock's unit); ``n_tokens`` until a
+        rate is known."""
+        return seconds * self.token_rate_s if self.token_rate_s else float(n_tokens)
+
+    def _run_batch(self, batch: list[tuple[Request, Unit]]) -> None:
+        """Run the pass's groups (units of one ``batch_key``; rate-setting kinds, the packed extraction,
+        first); after each group, charge its units their group's time and hand out its results (an
+        extraction's states do not wait for a generate slice in the same pass). Unfinished units go back
+        to the head of their requests' queues at the end of the pass, in their order."""
+        groups: dict[Hashable, list[int]] = {}
+        for i, (_, unit) in enumerate(batch):
+            groups.setdefault(unit.batch_key, []).append(i)
+        computed_tokens = 0
+        requeue: dict[int, tuple[Request, list[Unit]]] = {}
+        for at in sorted(groups.values(), key=lambda at: not batch[at[0]][1].sets_rate):
+            units = [batch[i][1] for i in at]
+            use_cache = [batch[i][0].use_cache and batch[i][1].cacheable for i in at]
+            started = self.clock()
+            tenants = [batch[i][0].tenant for i in at]
+            outs, computed = self._run_cached(units, use_cache, tenants)
+            elapsed_s = max(self.clock() - started, 1e-9)
+            group_tokens = sum(u.n_tokens for u in units)
+            if computed:
+                done = sum(u.n_tokens for u in computed)
+                computed_tokens += done
+                if units[0].sets_rate:
+                    self._note_rate(done, elapsed_s)
+            cost = self.token_equivalents(elapsed_s, group_tokens)
+            with self._cond:
+                for i, out in zip(at, outs, strict=True):
+                    req, unit = batch[i]
+                    self._finish(req, unit, out, cost * unit.n_tokens / max(1, group_tokens), requeue)
+        if computed_tokens:  # a pass served wholly from the cache ran no forward pass
             self.metrics.inc("eagle3_forward_passes_total")
-            self.metrics.observe_fill(n_tokens / self.max_batch_tokens)
-        with self._cond:
-            for (req, sample), (states, error) in zip(batch, outputs, strict=True):
-                if sample.generation is not None:
-                    self._charge_generation(req.tenant, sample, states if error is None else None)
-                elif error is None and id(sample) in computed_ids:
-                    self.metrics.inc("eagle3_tokens_extracted_total", sample.n_tokens, tenant=req.tenant)
-                if req.closed or req.abort_error is not None:
-                    req.outstanding_tokens -= sample.n_tokens
-                    continue
-                with self._lock:
-                    req.results.append(Result(sample, states, error))
-                req.notify()
+            self.metrics.observe_fill(computed_tokens / self.max_batch_tokens)
+        if requeue:
+            with self._cond:
+                for req, more in requeue.values():
+                    if not (req.closed or req.abort_error is not None):  # closed meanwhile: dropped
+                        req.pending.extendleft(reversed(more))
+                self._cond.notify_all()
 
-    def _run_samples(self, samples: list[Sample]) -> list[tuple[Any, dict[str, Any] | None]]:
-        """Outputs in input order: the extraction samples in one call, then each generate unit alone."""
-        if all(s.generation is None for s in samples):
-            return self._extract_isolating(samples)
-        out: list[tuple[Any, dict[str, Any] | None]] = [(None, None)] * len(samples)
-        extract_at = [i for i, s in enumerate(samples) if s.generation is None]
-        if extract_at:
-            for i, output in zip(extract_at, self._extract_isolating([samples[i] for i in extract_at]), strict=True):
-                out[i] = output
-        for i, sample in enumerate(samples):
-            if sample.generation is not None:
-                out[i] = self._generate_one(sample)
-        return out
+    def _finish(
+        self, req: Request, unit: Unit, out: Outcome, cost: float, requeue: dict[int, tuple[Request, list[Unit]]]
+    ) -> None:
+        """(condition held) Charge ``unit`` and hand its outcome to its request (or note it for requeueing)."""
+        self._charge(req.tenant, unit, out, cost)
+        if req.closed or req.abort_error is not None:
+            req.outstanding_tokens -= unit.n_tokens
+            return
+        if out.more is not None and out.error is None:  # not finished: its next turn
+            req.outstanding_tokens -= unit.n_tokens
+            requeue.setdefault(id(req), (req, []))[1].append(out.more)
+            return
+        with self._lock:
+            req.results.append(Result(unit, out.output, out.error))
+        req.notify()
 
-    def _generate_one(self, sample: Sample) -> tuple[Any, dict[str, Any] | None]:
+    def _note_rate(self, n_tokens: int, elapsed_s: float) -> None:
+        """Retry-After's rate (every extraction pass) and the clock's (passes at least half full)."""
+        rate = n_tokens / elapsed_s
+        self.throughput_tok_s = 0.8 * self.throughput_tok_s + 0.2 * rate if self.throughput_tok_s else rate
+        if 2 * n_tokens >= self.max_batch_tokens:
+            self.token_rate_s = 0.8 * self.token_rate_s + 0.2 * rate if self.token_rate_s else rate
+
+    def _charge(self, tenant: str, unit: Unit, out: Outcome, cost: float) -> None:
+        """(condition held) The clock keeps what the unit cost, the tokens count what it processed."""
+        if tenant in self._clock:
+            self._clock[tenant] += cost - unit.n_tokens
+        if out.used_tokens is not None and tenant in self._served:
+            self._served[tenant] -= unit.n_tokens - out.used_tokens
+        for name, amount in out.counters:
+            try:
+                self.metrics.inc(name, amount, tenant=tenant)
+            except KeyError:  # a unit naming a counter /metrics does not declare: never the worker's end
+                logger.error("%s counts %r, which server/metrics.py does not declare", type(unit).__name__, name)
+
+    def _run_cached(
+        self, units: list[Unit], use_cache: list[bool], tenants: list[str]
+    ) -> tuple[list[Outcome], list[Unit]]:
+        """The group's outcomes, the cacheable ones looked up first (server/feature_cache.py; ``tenants``:
+        the key's tenant part under ``--cache-scope tenant``), and the units the backend ran. A unit
+        answered by the cache, or by its twin in the pass, counts nothing."""
+        ran: dict[int, Outcome] = {}
+
+        def compute(todo: list[Unit]) -> list[tuple[Any, dict[str, Any] | None]]:
+            outs = self._run_group(todo)
+            ran.update((id(u), o) for u, o in zip(todo, outs, strict=True))
+            return [(o.output, o.error) for o in outs]
+
+        pairs, computed = compute_with_cache(self.cache, units, use_cache, compute, tenants)
+        outcomes = [
+            dataclasses.replace(ran.get(id(u), Outcome()), output=output, error=error)
+            for u, (output, error) in zip(units, pairs, strict=True)
+        ]
+        return outcomes, computed
+
+    def _run_group(self, units: list[Unit]) -> list[Outcome]:
+        """One group's outcomes in order; the engine's failure fails the group, never the worker."""
         try:
-            if self.generate is None:
-                raise RuntimeError("this scheduler was built without a generate function")
-            return self.generate(sample.generation), None
-        except Exception as exc:  # the engine's failure must not kill the worker thread
-            logger.exception("backend failed to generate for request %r", sample.sample_id)
-            return None, sample_error(exc)
-
-    def _charge_generation(self, tenant: str, sample: Sample, result: Any) -> None:
-        """(condition held) The tenant's clock keeps prompt + generated tokens, not the reservation."""
-        used = int(sample.generation.used_tokens(result)) if result is not None else sample.n_tokens
-        if tenant in self._served:
-            self._served[tenant] -= max(0, sample.n_tokens - used)
-        if result is not None:
-            generated = used - int(sample.generation.prompt_tokens)
-            self.metrics.inc("eagle3_tokens_generated_total", generated, tenant=tenant)
-
-    def _extract_isolating(self, samples: list[Sample]) -> list[tuple[Any, dict[str, Any] | None]]:
-        """States per sample; when a packed call fails, each sample is retried alone so only the
-        sample that fails gets an error."""
-        try:
-            states = list(self.extract([s.input_ids for s in samples]))
-            if len(states) != len(samples):
-                raise RuntimeError(f"backend returned {len(states)} results for {len(samples)} samples")
-            return [(t, None) for t in states]
-        except Exception as exc:  # the engine's failure must not kill the worker thread
-            if len(samples) > 1:
-                return [out for s in samples for out in self._extract_isolating([s])]
-            logger.exception("backend failed on sample %r", samples[0].sample_id)
-            return [(None, sample_error(exc))]
+            outs = units[0].run_batch(units, self.engine)
+            if len(outs) != len(units):
+                raise RuntimeError(f"{type(units[0]).__name__}.run_batch gave {len(outs)} outcomes for {len(units)}")
+            return outs
+        except Exception as exc:
+            logger.exception("backend failed on %r", units[0].sample_id)
+            return [Outcome(error=sample_error(exc)) for _ in units]

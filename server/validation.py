@@ -13,7 +13,7 @@ from eagle3.core.protocol.limits import MAX_REQUEST_ID_BYTES, sample_id_bytes, s
 from eagle3.core.protocol.wire import REQUEST_CODECS
 from eagle3.server.chat_limits import ChatLimits
 from eagle3.server.errors import ApiError
-from eagle3.server.scheduler import Sample
+from eagle3.server.units import Sample
 
 
 class MessageIn(BaseModel):

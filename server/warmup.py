@@ -31,7 +31,7 @@ from eagle3.core.errors import Eagle3Error
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec, FrameDecoder, FrameType
 from eagle3.core.protocol.wire import DataMeta, EndMeta
 from eagle3.server.codec_choice import AUTO, AUTO_COMPRESSED
-from eagle3.server.scheduler import Sample
+from eagle3.server.units import Sample
 from eagle3.server.validation import check_samples, parse_request
 
 if TYPE_CHECKING:

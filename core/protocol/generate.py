@@ -135,12 +135,15 @@ def _no_unknown_keys(cls: type[WireObject], data: Any, where: str) -> None:
 @dataclass(frozen=True)
 class GeneratedReply(WireObject):
     """One prompt's reply: ``output_ids`` are the generated tokens only (the prompt is not repeated);
-    ``finish_reason`` is ``stop`` when the last of them is a stop token, else ``length``."""
+    ``finish_reason`` is ``stop`` when the last of them is a stop token, else ``length``; ``text`` is
+    ``output_ids`` decoded by the server's tokenizer without special tokens (None from a server
+    without a tokenizer, or one older than the field: it is optional both ways)."""
 
     id: str
     prompt_tokens: int
     output_ids: tuple[int, ...]
     finish_reason: str
+    text: str | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

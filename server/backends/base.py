@@ -16,8 +16,8 @@ Invariants every backend keeps (tests/integration/test_backend_parity.py holds e
 * ``extract`` raises ``BackendError`` for an engine failure; input validation (ids in range, length
   within context) happens before the scheduler, so a backend may assume valid input.
 
-``generate`` (``POST /v1/generate``, one call per request; tests/integration/test_generate.py and
-tests/integration/test_vllm_generate.py hold these):
+``generate`` and ``start_generation`` (``POST /v1/generate``, a request run in slices where the engine
+allows; tests/integration/test_generate.py and tests/integration/test_vllm_generate.py hold these):
 
 * Greedy (``temperature == 0``) is the engine's own greedy decoding: hf equals transformers
   ``model.generate(do_sample=False)`` token for token, vllm equals vLLM's ``LLM.generate`` with
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from eagle3.core.errors import Eagle3Error
 from eagle3.core.protocol.model_identity import ModelIdentity
@@ -173,14 +173,53 @@ class Backend(Protocol):
         ...
 
 
+class GenerationRun(Protocol):
+    """One generate request in progress (``GeneratingBackend.start_generation``). The scheduler runs it
+    one slice per turn, so other work interleaves and a client that leaves stops it within a slice."""
+
+    def advance(self, max_new_tokens: int) -> list[Generation] | None:
+        """Generate up to ``max_new_tokens`` more tokens per prompt: every reply when the request is
+        done (each prompt stopped or at ``sampling.max_new_tokens``), else None."""
+        ...
+
+    @property
+    def generated_tokens(self) -> int:
+        """New tokens produced so far, over every prompt (replies cut at their stop token)."""
+        ...
+
+
+class WholeGeneration:
+    """A ``GenerationRun`` for an engine that generates a request in one call (one slice: all of it)."""
+
+    def __init__(self, generate: Callable[[], list[Generation]]) -> None:
+        self._generate = generate
+        self.generated_tokens = 0
+
+    def advance(self, max_new_tokens: int) -> list[Generation] | None:  # noqa: ARG002 (one slice: all of it)
+        replies = self._generate()
+        self.generated_tokens = sum(len(g.output_ids) for g in replies)
+        return replies
+
+
+@runtime_checkable
 class GeneratingBackend(Backend, Protocol):
     """A backend that also serves ``POST /v1/generate`` (hf, vllm; synthetic says it cannot). Optional:
-    the server treats a backend without ``can_generate`` (a test double, a third-party engine) as one
-    that cannot generate, so ``Backend`` itself does not require it."""
+    the server treats a backend that is no ``GeneratingBackend`` (a test double, a third-party engine)
+    as one that cannot generate, so ``Backend`` itself does not require it."""
 
     can_generate: bool
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
         """One reply per prompt, in order (see the module invariants); ``sampling.stop_token_ids`` is
         resolved (never None) by the caller."""
+        ...
+
+    def start_generation(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> GenerationRun:
+        """The same replies as ``generate``, produced a slice at a time (``GenerationRun.advance``);
+        ``WholeGeneration`` where the engine cannot stop and resume."""
+        ...
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        """The engine's own validation of the sampling settings, before admission: a non-retryable
+        ``BackendError`` naming the limit (the route's 400) for what the engine would refuse."""
         ...

@@ -19,10 +19,13 @@ Batching depends on the dtype's contract (docs/architecture.md, "Layer ids": fp3
   sequences of equal length share one call (no padding).
 
 Generation (``generate``): the checkpoint is loaded as ``AutoModelForCausalLM`` (extraction runs its
-``base_model``, so the lm_head costs no extraction time) and each request is one call of transformers'
-own ``generate``: its prompts left-padded into one batch (as transformers batches them), greedy or
-sampled under ``torch.manual_seed(seed)`` inside ``fork_rng`` (the server's global RNG is untouched).
-A one-prompt request is therefore transformers' ``generate`` on that prompt alone, token for token.
+``base_model``, so the lm_head costs no extraction time) and each request is transformers' own
+``generate``: its prompts left-padded into one batch (as transformers batches them), greedy or
+sampled under ``torch.manual_seed(seed)`` inside ``fork_rng`` (the server's global RNG is untouched),
+run in slices of a few new tokens that continue from the KV cache and the generator's state
+(server/backends/hf_generation.py), so the scheduler interleaves other work and stops a request whose
+client left. A one-prompt request is therefore transformers' ``generate`` on that prompt alone, token
+for token.
 ``--model dummy:<shape>`` has no lm_head: ``can_generate`` is False.
 """
 
@@ -47,10 +50,10 @@ from eagle3.server.backends.base import (
     BackendInfo,
     Generation,
     ProgressCallback,
-    cut_at_stop,
 )
 from eagle3.server.backends.dtypes import DTYPES
 from eagle3.server.backends.dummy_model import build_dummy_model, dummy_revision, is_dummy
+from eagle3.server.backends.hf_generation import HfGenerationRun
 from eagle3.server.backends.identity import backend_info, checkpoint_from_config, open_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -225,41 +228,22 @@ class HfBackend:
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
         """transformers' ``generate`` on the request's prompts as one left-padded batch (module docstring)."""
+        replies = self.start_generation(prompts, sampling).advance(sampling.max_new_tokens)
+        assert replies is not None  # one slice of max_new_tokens finishes the request
+        return replies
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        """transformers samples any temperature the wire allows ((0, 100]) and any top_p in (0, 1]."""
+
+    def start_generation(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> HfGenerationRun:
+        """The request as a run of slices (server/backends/hf_generation.py): the same replies as ``generate``."""
         if self.lm_model is None:
             raise BackendError(
                 f"{self.config.model}: no lm_head to generate with (a dummy model); serve a checkpoint",
                 retryable=False,
             )
-        from transformers import GenerationConfig
-
-        stops = list(sampling.stop_token_ids or ())
-        pad_id = stops[0] if stops else 0
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)  # [B, T]
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)  # [B, T]
-        config = GenerationConfig(  # type: ignore[no-untyped-call]
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not sampling.greedy,
-            temperature=sampling.temperature if not sampling.greedy else None,
-            top_p=sampling.top_p if not sampling.greedy else None,
-            top_k=0 if not sampling.greedy else None,  # only temperature and top_p shape the distribution
-            eos_token_id=stops or None,
-            pad_token_id=pad_id,
-        )
-        devices = [torch.cuda.current_device()] if self.device.type == "cuda" else []
-        try:
-            with torch.random.fork_rng(devices=devices):
-                if sampling.seed is not None:
-                    torch.manual_seed(sampling.seed)
-                out = self.lm_model.generate(
-                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config
-                )
-        except (RuntimeError, ValueError, IndexError) as exc:
-            raise BackendError(f"generate failed: {exc}") from exc
-        finally:
-            self._taps.clear()  # the extraction hooks fired on every decoding step
-        rows = out[:, width:].tolist()  # [B, <= max_new_tokens]
-        return [cut_at_stop(row, stops, sampling.max_new_tokens) for row in rows]
+        # the extraction hooks fire on every decoding step: their taps are dropped after each slice
+        return HfGenerationRun(self.lm_model, self.device, prompts, sampling, after_call=self._taps.clear)
 
     def close(self) -> None:
         for hook in self._hooks:

@@ -66,6 +66,7 @@ from eagle3.server.backends.base import (
     BackendInfo,
     Generation,
     ProgressCallback,
+    WholeGeneration,
     cut_at_stop,
 )
 from eagle3.server.backends.dtypes import DTYPES
@@ -319,25 +320,37 @@ class VllmBackend:
                 if path:
                     self._cleanup_hidden_states(path)
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
-        """vLLM's ``LLM.generate`` on the request's prompts (module docstring)."""
-        if self.llm is None or self.info is None:
-            raise BackendError("backend not loaded")
+    def check_sampling(self, sampling: Sampling) -> None:
+        """vLLM's own ``SamplingParams`` validation (e.g. temperature in [0, 2] in vLLM 0.32, where the
+        wire allows up to 100): what it refuses is a 400 naming vLLM's limit, before any work."""
+        self._sampling_params(sampling, 0)
+
+    def _sampling_params(self, sampling: Sampling, i: int) -> Any:
+        """The ``SamplingParams`` of prompt ``i``; vLLM's refusal is a non-retryable ``BackendError``."""
         import vllm
 
-        stops = [int(t) for t in sampling.stop_token_ids or ()]
-        params = [
-            vllm.SamplingParams(
+        try:
+            return vllm.SamplingParams(
                 max_tokens=sampling.max_new_tokens,
                 temperature=sampling.temperature,
                 top_p=1.0 if sampling.greedy else sampling.top_p,
                 seed=None if sampling.seed is None or sampling.greedy else (sampling.seed + i) % (1 << 63),
-                stop_token_ids=stops,
+                stop_token_ids=[int(t) for t in sampling.stop_token_ids or ()],
                 ignore_eos=True,  # our stop ids are the whole rule (they include the eos ids by default)
                 detokenize=False,
             )
-            for i in range(len(prompts))
-        ]
+        except Exception as exc:  # its validation error (VLLMValidationError in 0.32) or a ValueError: deterministic
+            raise BackendError(f"vLLM refuses these sampling settings: {exc}", retryable=False) from exc
+
+    def start_generation(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> WholeGeneration:
+        """One slice: ``LLM.generate`` runs a request to its end (stopping it midway is not offered here)."""
+        return WholeGeneration(lambda: self.generate(prompts, sampling))
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Generation]:
+        """vLLM's ``LLM.generate`` on the request's prompts (module docstring)."""
+        if self.llm is None or self.info is None:
+            raise BackendError("backend not loaded")
+        params = [self._sampling_params(sampling, i) for i in range(len(prompts))]
         inputs = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompts]
         try:
             outputs = self.llm.generate(inputs, params, use_tqdm=False)
@@ -351,6 +364,7 @@ class VllmBackend:
                 self._discard_hidden_states(path)
         if len(outputs) != len(prompts):
             raise BackendError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        stops = [int(t) for t in sampling.stop_token_ids or ()]
         return [cut_at_stop(list(out.outputs[0].token_ids), stops, sampling.max_new_tokens) for out in outputs]
 
     def _discard_hidden_states(self, path: str) -> None:

@@ -80,6 +80,7 @@ def test_greedy_equals_transformers_generate(sdk: ExtractionClient, reference: A
         with torch.inference_mode():
             want = reference.generate(torch.tensor([ids]), max_new_tokens=n_new, do_sample=False)[0, len(ids) :]
         assert list(got.output_ids) == want.tolist(), smollm2_tokenizer.decode(want)
+        assert got.text == smollm2_tokenizer.decode(want, skip_special_tokens=True) and got.text
         assert got.prompt_tokens == len(ids)
         finish.add(got.finish_reason)
         assert got.finish_reason == ("stop" if got.output_ids[-1] == 2 else "length")
@@ -178,3 +179,46 @@ def test_synthetic_backend_says_it_cannot_generate(smollm2_dir: Path) -> None:
         assert client.get("/v1/info").json()["can_generate"] is False
         resp = client.post("/v1/generate", json={"prompts": [{"id": "a", "input_ids": [1, 2]}]})
         assert resp.status_code == 400 and "synthetic backend cannot generate" in resp.json()["error"]["message"]
+
+
+def test_a_generate_runs_in_slices_that_other_work_and_a_leaving_client_interrupt(server: TestClient) -> None:
+    """Issue 31 R3 on the real hf backend: a 400-token generate runs 16 new tokens per slice; another
+    tenant's 4-token extract is served after the slice in flight, and once the generate's client has
+    gone (``close``) at most the slice in flight still runs."""
+    import asyncio
+
+    from eagle3.core.protocol.generate import Sampling
+    from eagle3.server.generation import GenerateUnit, GenerateWork
+    from eagle3.server.scheduler import GENERATE_SLICE_TOKENS
+    from eagle3.server.units import Sample
+
+    rt = server.app.state.runtime  # type: ignore[attr-defined]
+    sched = rt.scheduler
+
+    def generated() -> float:
+        return float(rt.metrics.get("eagle3_tokens_generated_total", tenant="tenant-long"))
+
+    async def main() -> None:
+        work = GenerateWork(("p",), ((1, 9690, 198),), Sampling(max_new_tokens=400, stop_token_ids=()))
+        gen = sched.submit("long", "tenant-long", [GenerateUnit(0, "long", work)])
+        try:
+            while generated() < GENERATE_SLICE_TOKENS:  # its first slice is done
+                await asyncio.sleep(0.01)
+            before = generated()
+            small = sched.submit("small", "tenant-small", [Sample(0, "x", [1, 2, 3, 4], [1] * 4)])
+            results: list[Any] = []
+            while not results:
+                results = await small.next_results(5.0)
+            sched.consumed(small, results[0])
+            sched.close(small)
+            assert results[0].error is None and results[0].states.shape[0] == 4
+            assert generated() - before <= GENERATE_SLICE_TOKENS, "the extract waited for more than the slice in flight"
+        finally:
+            sched.close(gen)  # the client left
+        at_close = generated()
+        await asyncio.sleep(3.0)
+        assert generated() - at_close <= GENERATE_SLICE_TOKENS, "the generate went on after its client left"
+        assert generated() < 200, "it ran (nearly) to its 400 tokens"
+
+    asyncio.run(main())
+    assert sched.tenant_inflight.get("tenant-long", 0) == 0

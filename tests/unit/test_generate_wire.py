@@ -19,7 +19,7 @@ from eagle3.core.protocol.frames import ProtocolError
 from eagle3.core.protocol.generate import GeneratedReply, GenerateRequest, GenerateResponse, Sampling
 from eagle3.core.protocol.prepared import PreparedFormatError, PreparedSample
 from eagle3.server.backends.base import Generation, cut_at_stop
-from eagle3.server.generate import GenerateWork
+from eagle3.server.generation import GenerateUnit, GenerateWork
 from eagle3.server.scheduler import Sample, Scheduler
 
 
@@ -95,7 +95,7 @@ def test_a_generate_unit_is_charged_what_it_generated() -> None:
     async def run() -> None:
         work = GenerateWork(("p", "q"), ((1, 2, 3), (4, 5)), Sampling(max_new_tokens=10, stop_token_ids=(2,)))
         assert work.n_tokens == 5 + 2 * 10
-        gen = sched.submit("g", "alice", [Sample(0, "g", [], [], generation=work)])
+        gen = sched.submit("g", "alice", [GenerateUnit(0, "g", work)])
         ext = sched.submit("e", "bob", [Sample(0, "e", [9] * 6, [0] * 6)])
         assert sched.tenant_inflight == {"alice": 25, "bob": 6}
         sched.start()
@@ -127,7 +127,7 @@ def test_a_failing_generate_is_the_requests_error() -> None:
 
     async def run() -> None:
         work = GenerateWork(("p",), ((1,),), Sampling(max_new_tokens=4))
-        req = sched.submit("g", "t", [Sample(0, "g", [], [], generation=work)])
+        req = sched.submit("g", "t", [GenerateUnit(0, "g", work)])
         sched.start()
         deadline = time.monotonic() + 5
         results: list[Any] = []
@@ -180,3 +180,11 @@ def test_sampled_replies_ids_and_arguments(capsys: pytest.CaptureFixture[str]) -
         with pytest.raises(SystemExit):
             parser.parse_args(["distill", "p", "--out", "o", *bad])
         assert flag in capsys.readouterr().err
+
+
+def test_reply_text_is_optional_both_ways() -> None:
+    """A server older than ``text`` sends none (the reply's text is None); an older client ignores it."""
+    old = {"id": "a", "prompt_tokens": 2, "output_ids": [5, 2], "finish_reason": "stop"}
+    assert GeneratedReply.from_dict(old).text is None
+    new = GeneratedReply("a", 2, (5, 2), "stop", "Hi")
+    assert new.to_dict()["text"] == "Hi" and GeneratedReply.from_dict(new.to_dict()) == new

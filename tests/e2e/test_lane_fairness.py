@@ -1,0 +1,122 @@
+"""Issue 31 R1, live: closed-loop small-request clients beside a bulk tenant on a real ``eagle3 serve``.
+
+The server runs the hf backend on a tiny random Llama (a real forward pass: a fixed cost per pass plus
+a cost per token, like any engine). The bulk tenant keeps two requests of 16 x 64 tokens in flight
+(like ``eagle3 extract``); first alone, then beside 2 and 16 closed-loop loops of one 8-token sample
+each (the interactive lane) of a second tenant, each loop sending its next request as soon as it has
+read the last. Two tenants share the server, so the bulk tenant's fair share is half of it: its
+completion time must stay within 2x of that (4x its time alone). On 7e28fd2 the loops got every pass.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.live_server import LiveServer, tiny_llama_dir
+
+pytestmark = pytest.mark.e2e
+KEYS = {"bulk": "k-bulk", "chat": "k-chat"}
+BULK_REQUESTS = 8  # of 16 samples x 64 tokens: 8 full passes of 1,024 tokens
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("lane")
+    model = tiny_llama_dir(root / "model", n_layers=8)
+    args = [
+        "--backend",
+        "hf",
+        "--model",
+        str(model),
+        "--dtype",
+        "float32",
+        "--max-batch-tokens",
+        "1024",
+        "--interactive-max-tokens",
+        "64",
+        "--cache-memory-mb",
+        "0",
+    ]
+    with LiveServer(args, root / "server.log", api_keys=KEYS) as live:
+        live.wait_ready(timeout_s=300)
+        yield live
+
+
+def extract(client: httpx.Client, server: LiveServer, tenant: str, samples: list[dict[str, Any]]) -> None:
+    resp = client.post(f"{server.url}/v1/extract", json={"samples": samples}, headers=server.headers(tenant))
+    assert resp.status_code == 200, resp.text[:500]
+    assert resp.content  # the whole stream read, as a client does before its next request
+
+
+def bulk_run(server: LiveServer, timeout_s: float) -> float:
+    """Seconds for the bulk tenant's BULK_REQUESTS requests, two in flight."""
+    todo = list(range(BULK_REQUESTS))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        with httpx.Client(timeout=timeout_s) as client:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    k = todo.pop()
+                samples = [
+                    {"id": f"b{k}-{i}", "input_ids": [(k * 97 + i * 13 + t) % 500 for t in range(64)]}
+                    for i in range(16)
+                ]
+                try:
+                    extract(client, server, "bulk", samples)
+                except BaseException as exc:  # noqa: BLE001 (reported by the caller)
+                    errors.append(exc)
+                    return
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    elapsed = time.monotonic() - started
+    assert not errors, errors[0]
+    assert not any(t.is_alive() for t in threads), f"the bulk tenant did not finish in {timeout_s} s"
+    return elapsed
+
+
+@pytest.mark.parametrize("loops", [2, 16])
+def test_closed_loop_small_requests_leave_the_bulk_tenant_its_share(server: LiveServer, loops: int) -> None:
+    alone_s = bulk_run(server, timeout_s=120)
+    stop = threading.Event()
+    served = [0] * loops
+
+    def chat_loop(j: int) -> None:
+        with httpx.Client(timeout=60) as client:
+            k = 0
+            while not stop.is_set():
+                extract(
+                    client, server, "chat", [{"id": f"c{j}-{k}", "input_ids": [(j + k + t) % 500 for t in range(8)]}]
+                )
+                served[j] += 1
+                k += 1
+
+    chats = [threading.Thread(target=chat_loop, args=(j,)) for j in range(loops)]
+    for t in chats:
+        t.start()
+    time.sleep(1.0)  # the loops run alone first: the bulk tenant arrives into them
+    try:
+        beside_s = bulk_run(server, timeout_s=max(60.0, 8 * alone_s))
+    finally:
+        stop.set()
+        for t in chats:
+            t.join(60)
+    fair_s = 2 * alone_s  # two tenants: half the server
+    assert beside_s <= 2 * fair_s, (
+        f"bulk took {beside_s:.1f} s beside {loops} closed-loop loops, {alone_s:.1f} s alone: over 2x its fair share"
+    )
+    assert min(served) > 0, "a small-request loop was starved instead"
