@@ -34,6 +34,7 @@ _EXPORTS = {
     "PrepareConfig": "eagle3.client.prepare",
     "FeaturesReader": "eagle3.core.features_reader",
     "Eagle3Error": "eagle3.core.errors",
+    "train_from_servers": "eagle3.train",
 }
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from eagle3.core.errors import Eagle3Error
     from eagle3.core.features_reader import FeaturesReader
     from eagle3.core.sample import ExtractedSample
+    from eagle3.train import train_from_servers
 
 __all__ = [
     "AsyncExtractionClient",
@@ -55,6 +57,7 @@ __all__ = [
     "PrepareConfig",
     "extract_dataset",
     "prepare_dataset",
+    "train_from_servers",
 ]
 
 

@@ -38,6 +38,7 @@ from eagle3.draft_trainer.evaluate_vllm import VllmEvalError
 from eagle3.draft_trainer.vocab import VocabError
 from eagle3.server.cli import add_serve_command
 from eagle3.server.config import SettingsError
+from eagle3.train import server_source
 
 USER_ERRORS = (
     Eagle3Error,
@@ -84,7 +85,7 @@ def build_parser() -> ArgumentParser:
     add_distill_command(sub)
     add_self_instruct_command(sub)
     add_extract_command(sub)
-    add_trainer_commands(sub)
+    add_trainer_commands(sub, make_source=server_source)
     add_demo_command(sub)
     add_serve_command(sub)
     return parser

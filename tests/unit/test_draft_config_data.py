@@ -71,7 +71,8 @@ def test_extra_replies_split_with_their_prompt(tmp_path: Path) -> None:
     renamed = [dataclasses.replace(s, sample_id=i) for s, i in zip(samples, ids, strict=True)]
     features = write_features(renamed, tmp_path / "features", tiny_llama_dir(tmp_path / "model", hidden_size=32))
     data = FeaturesData(features, heldout_fraction=0.2)
-    names = data.reader.sample_ids
+    names = data.ids  # canonical order: sorted ids
+    assert names == sorted(data.reader.sample_ids)
     assert sorted(names[p] for p in data.split.heldout) == sorted(held_bases)
     assert {names[p] for p in data.split.train} == {i for i in ids if variant_of(i)[0] not in held_bases}
     assert data.split.n_dropped == 2 * len(held_bases)
@@ -84,7 +85,8 @@ def test_extra_replies_split_with_their_prompt(tmp_path: Path) -> None:
 def test_packed_batch_matches_the_reader(features: Path) -> None:
     data = FeaturesData(features)
     batch = data.load([3, 0])
-    first, second = data.reader[3], data.reader[0]
+    first, second = data.sample(3), data.sample(0)
+    assert (first.sample_id, second.sample_id) == (data.ids[3], data.ids[0])
     n = first.n_tokens
     assert batch.n_tokens == n + second.n_tokens
     np.testing.assert_array_equal(batch.input_ids[:n].numpy(), first.input_ids)
@@ -96,7 +98,7 @@ def test_packed_batch_matches_the_reader(features: Path) -> None:
 def test_overlong_sample_is_named(features: Path) -> None:
     data = FeaturesData(features)
     first_long = int(np.nonzero(data.n_tokens > 20)[0][0])
-    with pytest.raises(DataError, match=f"'{data.reader.sample_ids[first_long]}' has"):
+    with pytest.raises(DataError, match=f"'{data.ids[first_long]}' has"):
         data.plan(tuple(range(30)), 20, seed=0, epoch=0, shuffle=False)
     assert data.plan(tuple(range(30)), 20, seed=0, epoch=0, truncate=True)
 
