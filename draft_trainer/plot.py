@@ -1,4 +1,5 @@
-"""PNG of a run's metrics: training loss (left) and per-step accuracy + held-out τ (right).
+"""PNG of a run's metrics: training loss (left), per-step accuracy + held-out τ (middle) and, per epoch, the
+share of the wall time spent waiting for data and the servers' idle share when streamed (right).
 
 Drawn with Pillow (a vLLM/transformers dependency; matplotlib is not installed), so the plot is
 plain: axes with min/max labels, one polyline per series, a legend.
@@ -75,10 +76,16 @@ def plot_metrics(metrics_path: Path, out_path: Path) -> Path:
     held = [r for r in records if "heldout_acc" in r]
     for k in range(n_steps if held else 0):
         acc[f"held {k}"] = [(r["step"], r["heldout_acc"][k]) for r in held]
-    image = Image.new("RGB", (2 * _W, _H), "white")
+    epochs = [r for r in records if r.get("epoch_end")]  # streamed or not: the data wait per epoch
+    shares = {"data wait": [(r["step"], r["data_wait_share"]) for r in epochs]}
+    if any("server_idle_share" in r for r in epochs):
+        shares["server idle"] = [(r["step"], r["server_idle_share"]) for r in epochs if "server_idle_share" in r]
+    image = Image.new("RGB", ((3 if epochs else 2) * _W, _H), "white")
     draw = ImageDraw.Draw(image)
     _panel(draw, 0, "training loss (TTT, decayed sum)", loss)
     _panel(draw, _W, "per-step accuracy: train (moving avg), held-out", acc)
+    if epochs:
+        _panel(draw, 2 * _W, "per epoch: share of wall time waiting for data, server idle", shares)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
     image.save(tmp, format="PNG")
     tmp.replace(out_path)

@@ -22,6 +22,7 @@ at once, synchronously.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -267,6 +268,9 @@ def training_data(cfg: TrainConfig, source: FeatureSource | None) -> SampleTable
         return FeaturesData(cfg.features, heldout_fraction=cfg.heldout_fraction)
     if not cfg.prepared:
         raise ConfigError("streaming from servers needs the prepared dataset (--prepared, config key prepared)")
+    if cfg.features_cache and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("features_cache (hybrid) under torchrun: one features directory takes one writer; stream "
+                          "without it (consume once), or fill it first (one process, or eagle3 extract)")  # fmt: skip
     return StreamedData(cfg.prepared, source, heldout_fraction=cfg.heldout_fraction,
                         features_cache=cfg.features_cache or None, max_batch_tokens=cfg.max_batch_tokens,
                         prefetch_micro_batches=cfg.prefetch_micro_batches)  # fmt: skip
