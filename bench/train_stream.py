@@ -54,7 +54,8 @@ def tiny_verifier(root: Path) -> Path:
     config = LlamaConfig(vocab_size=len(AutoTokenizer.from_pretrained(str(smol))), hidden_size=HIDDEN,
                          intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=2,
                          num_key_value_heads=1, max_position_embeddings=4096)  # fmt: skip
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(root)
+    model: Any = LlamaForCausalLM(config)
+    model.to(torch.bfloat16).save_pretrained(root)
     return root
 
 
@@ -92,7 +93,7 @@ def one_run(root: Path, name: str, model: Path, prepared: Path, vocab: Path, arg
     later = epochs[1:] or epochs
 
     def mean(key: str) -> float:
-        return round(sum(r.get(key, 0.0) for r in later) / len(later), 4)
+        return round(float(sum(r.get(key, 0.0) for r in later)) / len(later), 4)
 
     return {
         "server_tokens_per_s_limit": tokens_per_s,

@@ -111,7 +111,7 @@ class ServerSource:
                 return {}
             if resp.status_code != 200:
                 return {}
-            found = {}
+            found: dict[str, float] = {}
             for line in resp.text.splitlines():
                 match = _METRIC_RE.match(line)
                 if match:

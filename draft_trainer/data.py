@@ -79,6 +79,7 @@ class SampleTable:
     ids: list[str]
     n_tokens: np.ndarray[Any, Any]  # int64 [N]
     split: Split
+    meta: FeaturesMeta  # what the features are (layers, hidden size)
 
     def plan(self, positions: tuple[int, ...], max_batch_tokens: int, *, seed: int, epoch: int,
              shuffle: bool = True, truncate: bool = False) -> list[list[int]]:  # fmt: skip
@@ -106,6 +107,10 @@ class SampleTable:
         if current:
             batches.append(current)
         return batches
+
+    def load(self, positions: list[int], max_batch_tokens: int | None = None) -> PackedBatch:
+        """Pack the samples at ``positions`` into one batch (float32 features, bool mask)."""
+        raise NotImplementedError
 
     # the trainer's data interface, beside plan/load: no-ops for data that needs no prefetch
     def begin(self, micro_batches: Iterable[list[int]]) -> None:
