@@ -59,6 +59,27 @@ def test_split_and_plans(features: Path) -> None:
     assert plan != data.plan(train, 64, seed=0, epoch=1)
 
 
+def test_plans_do_not_depend_on_the_manifest_order(tmp_path: Path) -> None:
+    """Two extractions of the same samples in another arrival order (manifest order) give the same split
+    and the same batches of the same samples: the canonical order (sorted ids) a stream from the servers
+    plans over too (``eagle3 train --server``, docs/training.md)."""
+    samples = random_samples(24, 97, min_len=5, max_len=30, seed=4)
+    model = tiny_llama_dir(tmp_path / "model", hidden_size=32)
+    forward = FeaturesData(write_features(samples, tmp_path / "forward", model), heldout_fraction=0.2)
+    backward = FeaturesData(write_features(samples[::-1], tmp_path / "backward", model), heldout_fraction=0.2)
+    assert forward.reader.sample_ids != backward.reader.sample_ids  # the manifests differ
+    for data in (forward, backward):
+        assert data.ids == sorted(s.sample_id for s in samples)
+
+    def named(data: FeaturesData, epoch: int) -> list[list[str]]:
+        return [[data.ids[p] for p in b] for b in data.plan(data.split.train, 64, seed=0, epoch=epoch)]
+
+    assert [forward.ids[p] for p in forward.split.heldout] == [backward.ids[p] for p in backward.split.heldout]
+    assert named(forward, 0) == named(backward, 0) and named(forward, 1) == named(backward, 1)
+    batch = forward.plan(forward.split.train, 64, seed=0, epoch=0)[0]
+    assert np.array_equal(forward.load(batch).final.numpy(), backward.load(batch).final.numpy())
+
+
 def test_extra_replies_split_with_their_prompt(tmp_path: Path) -> None:
     """``<base>~s<k>`` (eagle3 distill --sampled-replies) hashes as ``<base>``: every reply to a training
     prompt trains; a held-out prompt keeps only its main reply in the held-out split, the extra ones are
