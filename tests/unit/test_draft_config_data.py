@@ -139,3 +139,21 @@ def test_cli_train_reports_bad_features(tmp_path: Path, capsys: pytest.CaptureFi
                  "--model", "SmolLM2-135M-Instruct"])  # fmt: skip
     assert code == 1
     assert "not a features directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prepared", "p"], "needs --prepared DIR and at least one --server URL"),
+        (["--server", "http://127.0.0.1:9"], "needs --prepared DIR and at least one --server URL"),
+        (["--features", "f", "--server", "http://127.0.0.1:9", "--prepared", "p"], "give one or the other"),
+        ([], "give --features DIR"),
+    ],
+)
+def test_cli_train_data_options(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``eagle3 train``: offline (--features) or streamed (--prepared + --server), never both, never neither."""
+    code = main(["train", *args, "--vocab", "v", "--out", str(tmp_path / "run"), "--model", "SmolLM2-135M-Instruct"])
+    assert code == 1
+    assert message in capsys.readouterr().err
