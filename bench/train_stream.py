@@ -1,6 +1,6 @@
 """Training streamed from a server (``eagle3 train --server``): never starve the trainer, never idle the server.
 
-    PYTHONPATH=. .venv/bin/python -m bench.train_stream            # ~3 min on this 2-core VM
+    PYTHONPATH=. .venv/bin/python -m bench.train_stream            # ~4 min on this 2-core VM
 
 Two consume-once runs of the same draft on the same data, side by side in one process (issue 33):
 
@@ -93,7 +93,7 @@ def one_run(root: Path, name: str, model: Path, prepared: Path, vocab: Path, arg
     later = epochs[1:] or epochs
 
     def mean(key: str) -> float:
-        return round(float(sum(r.get(key, 0.0) for r in later)) / len(later), 4)
+        return round(float(sum(r.get(key, 0.0) for r in later)) / max(1, len(later)), 4)
 
     return {
         "server_tokens_per_s_limit": tokens_per_s,
@@ -105,10 +105,10 @@ def one_run(root: Path, name: str, model: Path, prepared: Path, vocab: Path, arg
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=int, default=40_000, help="training tokens per epoch (default 40000)")
+    p.add_argument("--tokens", type=int, default=10_000, help="training tokens per epoch (default 10000)")
     p.add_argument("--p50", type=int, default=200, help="median sample length (default 200)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-batch-tokens", type=int, default=1024)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-batch-tokens", type=int, default=512)
     p.add_argument("--threads", type=int, default=1, help="trainer torch threads (default 1)")
     p.add_argument("--requests-per-server", type=int, default=2)
     p.add_argument("--slow-fraction", type=float, default=0.5, help="slow server's rate / the trainer's (0.5)")

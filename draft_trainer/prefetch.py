@@ -151,12 +151,18 @@ class Prefetcher:
                     self.stats.fetch_s += time.perf_counter() - started
                 slot.done.set()
 
+    def stop(self) -> None:
+        """No new request starts; a request in flight ends at its next sample (or when its source closes)."""
+        if not self._stop.is_set():
+            self._stop.set()
+            for _ in self._threads:
+                self._work.put(None)
+
     def close(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        for _ in self._threads:
-            self._work.put(None)
+        self.stop()
+        deadline = time.monotonic() + timeout_s
         for thread in self._threads:
-            thread.join(timeout_s)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> Prefetcher:
         return self

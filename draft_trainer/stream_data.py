@@ -218,13 +218,17 @@ class StreamedData(SampleTable):
         return out
 
     def close(self) -> None:
+        """Stop the prefetch, closing the source first so that requests in flight end now, not when their
+        server has computed them; then the cache's last shard."""
         try:
+            if self._prefetch is not None:
+                self._prefetch.stop()
+            self.source.close()
             if self._prefetch is not None:
                 self._prefetch.close()
         finally:
             if self.cache is not None:
                 self.cache.close()
-            self.source.close()
 
     # -- plumbing ----------------------------------------------------------------------------------
 
