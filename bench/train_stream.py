@@ -106,7 +106,7 @@ def one_run(root: Path, name: str, model: Path, prepared: Path, vocab: Path, arg
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=10_000, help="training tokens per epoch (default 10000)")
-    p.add_argument("--p50", type=int, default=200, help="median sample length (default 200)")
+    p.add_argument("--p50", type=int, default=100, help="median sample length (default 100; at most 4x)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-batch-tokens", type=int, default=512)
     p.add_argument("--threads", type=int, default=1, help="trainer torch threads (default 1)")
