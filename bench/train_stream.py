@@ -84,7 +84,8 @@ def one_run(root: Path, name: str, model: Path, prepared: Path, vocab: Path, arg
                                  "torch_threads": args.threads, "device": "cpu", "progress": False,
                                  "checkpoint_every_steps": 10_000, "heldout_fraction": 0.02})  # fmt: skip
         started = time.monotonic()
-        train(cfg, ServerSource([server.url], requests_per_server=args.requests_per_server))
+        # cache "bypass": every epoch computed again (the server's feature cache would serve the repeats)
+        train(cfg, ServerSource([server.url], requests_per_server=args.requests_per_server, cache="bypass"))
         wall_s = time.monotonic() - started
     records = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
     epochs = [r for r in records if r.get("epoch_end")]
