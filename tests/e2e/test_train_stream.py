@@ -40,6 +40,7 @@ from eagle3.draft_trainer.train import METRICS_FILE, train
 from tests.e2e.live_server import REPO_ROOT, LiveServer, descendants, tiny_llama_dir
 from tests.trainer_helpers import random_samples, write_vocab
 
+pytestmark = pytest.mark.e2e
 HIDDEN, LAYERS = 64, 8
 SYNTHETIC = ["--backend", "synthetic", "--synthetic-hidden-size", str(HIDDEN), "--synthetic-num-layers", str(LAYERS),
              "--dtype", "bfloat16"]  # fmt: skip
@@ -135,7 +136,7 @@ def test_streamed_batches_equal_the_features_directory_bitwise(
                 assert torch.equal(getattr(got, field), getattr(want, field)), field
         stats = stream.stats()
         assert stats["fetched_samples"] == sum(len(b) for b in order)  # the held-out batch: fetched outside
-        assert stats["prefetch_bytes"] == 2 * 96 * (4 * HIDDEN * 2 + 5)  # micro-batches x tokens x (L H 2 B + ids, mask)
+        assert stats["prefetch_bytes"] == 2 * 96 * (4 * HIDDEN * 2 + 5)  # micro-batches x tokens x (L H 2 B, ids, mask)
     finally:
         stream.close()
     assert not _threads_left()
