@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,21 +51,35 @@ def run_vocab(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_trainer_commands(sub: Any) -> None:
-    """``eagle3 train``, ``eagle3 export``, ``eagle3 eval``."""
+def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], Any] | None = None) -> None:
+    """``eagle3 train``, ``eagle3 export``, ``eagle3 eval``. ``make_source(args)``: the feature source of
+    ``train --server`` (the console package builds it with the SDK, which this package never imports)."""
     p = sub.add_parser(
         "train",
-        help="train an EAGLE-3 draft on a features directory",
+        help="train an EAGLE-3 draft on a features directory, or streamed from extraction servers",
         description="Train the 1-layer EAGLE-3 draft with training-time test on features written by eagle3 "
-        "extract. Resumes RUN/checkpoint.pt when present. Under torchrun, each rank reads its own batches.",
+        "extract (--features), or streamed from servers while it trains (--prepared and --server; with "
+        "--features-cache the first epoch also fills a features directory the later ones read). Resumes "
+        "RUN/checkpoint.pt when present. Under torchrun, each rank reads (or fetches) its own batches.",
     )
-    p.add_argument("--features", required=True, type=Path, help="features directory (eagle3 extract)")
+    p.add_argument("--features", type=Path, default=None, help="features directory (eagle3 extract)")
+    stream = p.add_argument_group("streamed from extraction servers (instead of --features; docs/training.md)")
+    stream.add_argument("--prepared", type=Path, default=None, help="prepared dataset (eagle3 prepare)")
+    stream.add_argument("--server", action="append", default=[], metavar="URL",
+                        help="extraction server (eagle3 serve), repeatable: the servers share the work")  # fmt: skip
+    stream.add_argument("--features-cache", type=Path, default=None, metavar="DIR",
+                        help="hybrid: read the features DIR holds, fetch and append the rest (a restart or a "
+                        "later epoch fetches nothing already there)")  # fmt: skip
+    stream.add_argument("--requests-per-server", type=positive_int, default=2,
+                        help="requests in flight per server (default 2)")  # fmt: skip
+    stream.add_argument("--wait-ready-s", type=float, default=0.0,
+                        help="wait this long for a loading server (default 0)")  # fmt: skip
     p.add_argument("--vocab", required=True, type=Path, help="vocab directory or vocab.safetensors (eagle3 vocab)")
     add_model_argument(p)
     p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics, draft/)")
     p.add_argument("--config", type=Path, default=None, help="config file (.json or .toml) of TrainConfig keys")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
-    p.set_defaults(func=run_train)
+    p.set_defaults(func=partial(run_train, make_source=make_source))
 
     p = sub.add_parser(
         "export",
@@ -160,17 +176,35 @@ def add_trainer_commands(sub: Any) -> None:
     p.set_defaults(func=run_eval)
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run_train(args: argparse.Namespace, make_source: Callable[[argparse.Namespace], Any] | None = None) -> int:
     from eagle3.draft_trainer.config import load_config, parse_overrides
+    from eagle3.draft_trainer.errors import ConfigError
     from eagle3.draft_trainer.train import train
 
-    overrides: dict[str, Any] = {"features": str(args.features), "vocab": str(args.vocab), "out": str(args.out)}
+    streamed = bool(args.server or args.prepared or args.features_cache)
+    if args.features is not None and streamed:
+        raise ConfigError(
+            "--features trains offline; --prepared/--server/--features-cache stream: give one or the other"
+        )
+    if streamed and not (args.server and args.prepared):
+        raise ConfigError("streaming needs --prepared DIR and at least one --server URL")
+    if not streamed and args.features is None:
+        raise ConfigError("give --features DIR (eagle3 extract), or --prepared DIR and --server URL to stream")
+    overrides: dict[str, Any] = {"vocab": str(args.vocab), "out": str(args.out)}
+    if streamed:
+        overrides["prepared"] = str(args.prepared)
+        if args.features_cache is not None:
+            overrides["features_cache"] = str(args.features_cache)
+    else:
+        overrides["features"] = str(args.features)
     if args.model is not None:
         overrides["model"] = args.model
     overrides.update(parse_overrides(args.set))
     cfg = load_config(args.config, overrides)
     require_model(cfg.model or None, "or the key model of --config, or --set model=...")
-    result = train(cfg)
+    if streamed and make_source is None:
+        raise ConfigError("--server: this entry point cannot reach servers (run it through the eagle3 command)")
+    result = train(cfg, make_source(args) if streamed and make_source is not None else None)
     state = "stopped by SIGTERM (checkpoint saved; rerun to resume)" if result.stopped_early else "finished"
     print(f"train {state} at step {result.steps} in {result.train_s:.1f} s; run {result.run_dir}")
     if result.heldout:

@@ -43,7 +43,10 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    features: str = ""  # features directory (eagle3 extract)
+    features: str = ""  # features directory (eagle3 extract); or, streamed from servers (--server), ...
+    prepared: str = ""  # ... the prepared dataset whose features the servers compute (draft_trainer/stream_data.py)
+    features_cache: str = ""  # streamed: hybrid mode's features directory (read what it holds, append the rest)
+    prefetch_micro_batches: int = 0  # streamed: the prefetch window in micro-batches (0: max(4, 2 x requests))
     vocab: str = ""  # vocab directory or its vocab.safetensors (eagle3 vocab)
     model: str = ""  # the verifier (required; eagle3.core.models.resolve_model_dir): teacher norm/lm_head, embed_tokens
     out: str = "run"  # run directory
@@ -111,6 +114,11 @@ class TrainConfig:
         if self.freeze_lm_head and not self.init_lm_head_from_verifier and not self.init_from:
             raise ConfigError("freeze_lm_head keeps the verifier's lm_head rows: it needs init_lm_head_from_verifier "
                               "(or init_from a run that had them)")  # fmt: skip
+        if self.prefetch_micro_batches < 0:
+            raise ConfigError(f"prefetch_micro_batches must be >= 0, got {self.prefetch_micro_batches}")
+        if self.features and (self.prepared or self.features_cache):
+            raise ConfigError("features is the offline mode; prepared/features_cache are for streaming from "
+                              "servers (--server): give one or the other")  # fmt: skip
         if self.attention not in _ATTENTION:
             raise ConfigError(f"attention must be one of {', '.join(_ATTENTION)}, got {self.attention!r}")
 

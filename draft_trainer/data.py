@@ -2,6 +2,12 @@
 
 Invariants:
 
+* Samples are numbered in one canonical order, their ids sorted (``canonical_order``): positions, the
+  split and the epoch plans refer to it, never to a features directory's manifest (arrival order,
+  which differs between two extractions of the same data). So a features directory and a stream from
+  the servers (``draft_trainer/stream_data.py``) of the same samples give the same batches. (Until
+  this order existed, plans ran over manifest positions: a run resumed mid-epoch across the change
+  sees the rest of that epoch in another order; every sample is still trained once per epoch.)
 * The held-out split is a pure function of the sample ids and ``heldout_fraction`` (a hash,
   ``core.protocol.prepared.is_heldout``), so it is
   the same on every rank, on resume, and for ``eagle3 eval``. Extra replies to one prompt (ids
@@ -17,54 +23,67 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from eagle3.core.codec import bf16_to_float32
 from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import is_heldout, variant_of
+from eagle3.core.sample import ExtractedSample
 from eagle3.draft_trainer.errors import DataError
 from eagle3.draft_trainer.ttt import PackedBatch
 
 
 @dataclass(frozen=True)
 class Split:
-    train: tuple[int, ...]  # reader positions
+    train: tuple[int, ...]  # canonical positions
     heldout: tuple[int, ...]
     n_dropped: int = 0  # extra replies (``<base>~s<k>``) to held-out prompts: in neither split
 
 
-class FeaturesData:
-    """A features directory with per-sample token counts, its split and its batch plans."""
+def canonical_order(sample_ids: Sequence[str]) -> list[int]:
+    """Indices of ``sample_ids`` sorted by id: position ``k`` of the training data is ``sample_ids[order[k]]``."""
+    return sorted(range(len(sample_ids)), key=sample_ids.__getitem__)
 
-    def __init__(self, features_dir: str | Path, *, heldout_fraction: float = 0.05) -> None:
-        self.reader = FeaturesReader(features_dir)
-        if len(self.reader) == 0:
-            raise DataError(f"{features_dir}: the features directory holds no samples")
-        self.meta = self.reader.meta
-        if len(self.meta.aux_layer_ids) != 3:
-            raise DataError(f"{features_dir}: EAGLE-3 needs 3 aux layers, found {list(self.meta.aux_layer_ids)}")
-        if self.meta.final_norm_applied:
-            raise DataError(
-                f"{features_dir}: the final state is post-norm (converted from SpecForge); eagle3 train needs the "
-                "pre-norm state its teacher normalises itself: extract with eagle3 serve, or train with SpecForge"
-            )
-        self.n_tokens = np.array([n for r in self.reader.records for n in r.n_tokens], dtype=np.int64)  # [N]
-        ids = self.reader.sample_ids
-        held = [i for i, s in enumerate(ids) if is_heldout(s, heldout_fraction)]
-        held_set = set(held)
-        scored = tuple(i for i in held if variant_of(ids[i])[1] == 0)
-        train = tuple(i for i in range(len(ids)) if i not in held_set)
-        self.split = Split(train, scored, len(held) - len(scored))
-        if not self.split.train:
-            raise DataError(f"{features_dir}: heldout_fraction {heldout_fraction} leaves no training samples")
+
+def split_ids(ids: Sequence[str], heldout_fraction: float, where: str) -> Split:
+    """The train / held-out split of samples ``ids`` (canonical positions), see the module invariants."""
+    held = [i for i, s in enumerate(ids) if is_heldout(s, heldout_fraction)]
+    held_set = set(held)
+    scored = tuple(i for i in held if variant_of(ids[i])[1] == 0)
+    train = tuple(i for i in range(len(ids)) if i not in held_set)
+    if not train:
+        raise DataError(f"{where}: heldout_fraction {heldout_fraction} leaves no training samples")
+    return Split(train, scored, len(held) - len(scored))
+
+
+def check_layout(meta: FeaturesMeta, where: str) -> None:
+    if len(meta.aux_layer_ids) != 3:
+        raise DataError(f"{where}: EAGLE-3 needs 3 aux layers, found {list(meta.aux_layer_ids)}")
+    if meta.final_norm_applied:
+        raise DataError(
+            f"{where}: the final state is post-norm (converted from SpecForge); eagle3 train needs the "
+            "pre-norm state its teacher normalises itself: extract with eagle3 serve, or train with SpecForge"
+        )
+
+
+class SampleTable:
+    """Sample ids and lengths in canonical order, with the split and the epoch plans over them."""
+
+    ids: list[str]
+    n_tokens: np.ndarray[Any, Any]  # int64 [N]
+    split: Split
+    meta: FeaturesMeta  # what the features are (layers, hidden size)
 
     def plan(self, positions: tuple[int, ...], max_batch_tokens: int, *, seed: int, epoch: int,
              shuffle: bool = True, truncate: bool = False) -> list[list[int]]:  # fmt: skip
-        """Micro-batches (lists of reader positions) for one epoch."""
+        """Micro-batches (lists of canonical positions) for one epoch."""
         order = np.array(positions, dtype=np.int64)
         if shuffle:
             order = order[np.random.default_rng([seed, epoch]).permutation(len(order))]
@@ -76,7 +95,7 @@ class FeaturesData:
             if n > max_batch_tokens:
                 if not truncate:
                     raise DataError(
-                        f"sample {self.reader.sample_ids[pos]!r} has {n} tokens > max_batch_tokens "
+                        f"sample {self.ids[pos]!r} has {n} tokens > max_batch_tokens "
                         f"{max_batch_tokens}; raise max_batch_tokens or set truncate=true"
                     )
                 n = max_batch_tokens
@@ -91,29 +110,69 @@ class FeaturesData:
 
     def load(self, positions: list[int], max_batch_tokens: int | None = None) -> PackedBatch:
         """Pack the samples at ``positions`` into one batch (float32 features, bool mask)."""
-        ids, aux, final, mask, pos, start, end = [], [], [], [], [], [], []
-        row = 0
-        for p in positions:
-            sample = self.reader[p]
-            bits = np.asarray(sample.hidden_states_bf16)  # [n, L, H] uint16
-            if max_batch_tokens is not None:
-                bits = bits[:max_batch_tokens]
-            n = bits.shape[0]
-            states = bf16_to_float32(bits)  # [n, L, H]
-            ids.append(np.asarray(sample.input_ids[:n], dtype=np.int64))
-            aux.append(states[:, :-1].reshape(n, -1))  # [n, 3H]
-            final.append(states[:, -1])  # [n, H]
-            mask.append(np.asarray(sample.loss_mask[:n], dtype=bool))
-            pos.append(np.arange(n, dtype=np.int64))
-            start.append(np.full(n, row, dtype=np.int64))
-            end.append(np.full(n, row + n, dtype=np.int64))
-            row += n
-        return PackedBatch(
-            input_ids=torch.from_numpy(np.concatenate(ids)),
-            aux=torch.from_numpy(np.concatenate(aux)),
-            final=torch.from_numpy(np.concatenate(final)),
-            loss_mask=torch.from_numpy(np.concatenate(mask)),
-            positions=torch.from_numpy(np.concatenate(pos)),
-            seg_start=torch.from_numpy(np.concatenate(start)),
-            seg_end=torch.from_numpy(np.concatenate(end)),
-        )
+        raise NotImplementedError
+
+    # the trainer's data interface, beside plan/load: no-ops for data that needs no prefetch
+    def begin(self, micro_batches: Iterable[list[int]]) -> None:
+        """The micro-batches this rank will ``load`` next, in order (a stream prefetches them)."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters for the training log since the last call (a stream's data wait, bytes, ...)."""
+        return {}
+
+    def close(self) -> None:
+        """Stop background work (a stream's fetchers, its cache writer)."""
+
+
+class FeaturesData(SampleTable):
+    """A features directory with per-sample token counts, its split and its batch plans."""
+
+    def __init__(self, features_dir: str | Path, *, heldout_fraction: float = 0.05) -> None:
+        self.reader = FeaturesReader(features_dir)
+        if len(self.reader) == 0:
+            raise DataError(f"{features_dir}: the features directory holds no samples")
+        self.meta = self.reader.meta
+        check_layout(self.meta, str(features_dir))
+        stored = np.array([n for r in self.reader.records for n in r.n_tokens], dtype=np.int64)  # [N]
+        reader_ids = self.reader.sample_ids
+        self._reader_pos = canonical_order(reader_ids)  # canonical position -> reader position
+        self.ids = [reader_ids[p] for p in self._reader_pos]
+        self.n_tokens = stored[self._reader_pos]
+        self.split = split_ids(self.ids, heldout_fraction, str(features_dir))
+
+    def sample(self, position: int) -> ExtractedSample:
+        return self.reader[self._reader_pos[position]]
+
+    def load(self, positions: list[int], max_batch_tokens: int | None = None) -> PackedBatch:
+        """Pack the samples at ``positions`` into one batch (float32 features, bool mask)."""
+        return pack([self.sample(p) for p in positions], max_batch_tokens)
+
+
+def pack(samples: Sequence[ExtractedSample], max_batch_tokens: int | None = None) -> PackedBatch:
+    """Samples packed end to end into one batch (float32 features, bool mask), each cut to
+    ``max_batch_tokens`` when given."""
+    ids, aux, final, mask, pos, start, end = [], [], [], [], [], [], []
+    row = 0
+    for sample in samples:
+        bits = np.asarray(sample.hidden_states_bf16)  # [n, L, H] uint16
+        if max_batch_tokens is not None:
+            bits = bits[:max_batch_tokens]
+        n = bits.shape[0]
+        states = bf16_to_float32(bits)  # [n, L, H]
+        ids.append(np.asarray(sample.input_ids[:n], dtype=np.int64))
+        aux.append(states[:, :-1].reshape(n, -1))  # [n, 3H]
+        final.append(states[:, -1])  # [n, H]
+        mask.append(np.asarray(sample.loss_mask[:n], dtype=bool))
+        pos.append(np.arange(n, dtype=np.int64))
+        start.append(np.full(n, row, dtype=np.int64))
+        end.append(np.full(n, row + n, dtype=np.int64))
+        row += n
+    return PackedBatch(
+        input_ids=torch.from_numpy(np.concatenate(ids)),
+        aux=torch.from_numpy(np.concatenate(aux)),
+        final=torch.from_numpy(np.concatenate(final)),
+        loss_mask=torch.from_numpy(np.concatenate(mask)),
+        positions=torch.from_numpy(np.concatenate(pos)),
+        seg_start=torch.from_numpy(np.concatenate(start)),
+        seg_end=torch.from_numpy(np.concatenate(end)),
+    )

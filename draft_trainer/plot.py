@@ -1,4 +1,5 @@
-"""PNG of a run's metrics: training loss (left), per-step accuracy (middle) and held-out τ (right).
+"""PNG of a run's metrics: training loss, per-step accuracy, held-out τ and, per epoch, the share of the
+wall time spent waiting for data and the servers' idle share when streamed (fourth panel).
 
 Drawn with Pillow (a vLLM/transformers dependency; matplotlib is not installed), so the plot is
 plain: axes with min/max labels, one polyline per series, a legend.
@@ -77,11 +78,17 @@ def plot_metrics(metrics_path: Path, out_path: Path) -> Path:
     for k in range(n_steps if held else 0):
         acc[f"held {k}"] = [(r["step"], r["heldout_acc"][k]) for r in held]
     tau = {"held tau": [(r["step"], r["heldout_tau"]) for r in held if "heldout_tau" in r]}
-    image = Image.new("RGB", (3 * _W, _H), "white")
+    epochs = [r for r in records if "data_wait_share" in r]  # the data wait per epoch (streamed or not)
+    shares = {"data wait": [(r["step"], r["data_wait_share"]) for r in epochs]}
+    if any("server_idle_share" in r for r in epochs):
+        shares["server idle"] = [(r["step"], r["server_idle_share"]) for r in epochs if "server_idle_share" in r]
+    image = Image.new("RGB", ((4 if epochs else 3) * _W, _H), "white")
     draw = ImageDraw.Draw(image)
     _panel(draw, 0, "training loss (TTT, decayed sum)", loss)
     _panel(draw, _W, "per-step accuracy: train (moving avg), held-out", acc)
     _panel(draw, 2 * _W, "held-out tau (online rounds replayed; every epoch)", tau)
+    if epochs:
+        _panel(draw, 3 * _W, "per epoch: share of wall time waiting for data, server idle", shares)
     tmp = out_path.with_name(f".{out_path.name}.tmp")
     image.save(tmp, format="PNG")
     tmp.replace(out_path)

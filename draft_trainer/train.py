@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,10 @@ from eagle3.draft_trainer.checkpoint import (
     write_text_atomic,
 )
 from eagle3.draft_trainer.config import TrainConfig, resolve_device
-from eagle3.draft_trainer.data import FeaturesData
 from eagle3.draft_trainer.errors import ConfigError, DataError
 from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
 from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
+from eagle3.draft_trainer.stream_data import EpochReport, FeatureSource, training_data
 from eagle3.draft_trainer.trackers import open_trackers, parse_log_to
 from eagle3.draft_trainer.ttt import (
     PackedBatch,
@@ -131,7 +132,7 @@ def _all_reduce(tensor: torch.Tensor, world: int) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, source: FeatureSource | None = None) -> None:
         if not cfg.model:
             raise ConfigError(
                 "model is not set: give the verifier (--model, or the config key model) as a local Hugging Face "
@@ -145,7 +146,7 @@ class Trainer:
         self.autocast = cfg.autocast_bf16_cuda if self.device.type == "cuda" else cfg.autocast_bf16
         self.rank, self.world = _dist(self.device)
         self.run_dir = Path(cfg.out)
-        self.data = FeaturesData(cfg.features, heldout_fraction=cfg.heldout_fraction)
+        self.data = training_data(cfg, source)  # a features directory, or streamed from servers (source)
         meta = self.data.meta
         model, teacher = build_draft(cfg, meta.hidden_size, meta.aux_layer_ids)
         self.model, self.teacher = model.to(self.device), teacher.to(self.device)  # weights and d2t/t2d/embed
@@ -213,6 +214,11 @@ class Trainer:
         last = index + 1 == self.steps_per_epoch
         group = self.plan(epoch)[index * self.micro_per_step : None if last else (index + 1) * self.micro_per_step]
         return group[self.rank :: self.world]
+
+    def upcoming_micro_batches(self) -> Iterator[list[int]]:
+        """This rank's micro-batches from the current step to the end, in the order ``train_step`` loads them."""
+        for step in range(self.step, self.total_steps):
+            yield from self.my_micro_batches(step)
 
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -311,14 +317,17 @@ def _epoch_evaluation_due(trainer: Trainer) -> bool:
     return (step // trainer.steps_per_epoch) % every == 0 and bool(trainer.data.split.heldout)
 
 
-def train(cfg: TrainConfig) -> RunResult:
-    """Train (or resume) the run at ``cfg.out``; returns when done or after a SIGTERM checkpoint."""
-    trainer = Trainer(cfg)
+def train(cfg: TrainConfig, source: FeatureSource | None = None) -> RunResult:
+    """Train (or resume) the run at ``cfg.out``; returns when done or after a SIGTERM checkpoint.
+    ``source``: stream the features of ``cfg.prepared`` from servers (``draft_trainer/stream_data.py``)."""
+    trainer = Trainer(cfg, source)
     run_dir, main = trainer.run_dir, trainer.rank == 0
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.json", cfg.to_json())
     resumed = trainer.resume()
+    trainer.data.begin(trainer.upcoming_micro_batches())  # a stream prefetches them from here
+    epoch_report = EpochReport(trainer.data.stats())
     metrics = run_dir / METRICS_FILE
     if main and resumed:
         _truncate_metrics(metrics, trainer.step)
@@ -332,6 +341,7 @@ def train(cfg: TrainConfig) -> RunResult:
         while trainer.step < trainer.total_steps and not stop.requested:
             record = trainer.train_step()
             tokens_seen += record["tokens"]
+            epoch_report.add(record)
             evaluate_now = cfg.eval_every_steps and trainer.step % cfg.eval_every_steps == 0
             if evaluate_now:
                 record.update(trainer.evaluate_heldout())
@@ -349,6 +359,8 @@ def train(cfg: TrainConfig) -> RunResult:
                         tracker.log(held, trainer.step)
             if main and cfg.progress:
                 _progress(bar, record, started, tokens_seen, held_tau)
+            if main and trainer.step % trainer.steps_per_epoch == 0:  # the epoch's data wait, tokens/s, fetches
+                _log(metrics, epoch_report.close(trainer.step, trainer.steps_per_epoch, trainer.data.stats()))
             if main and trainer.step % cfg.checkpoint_every_steps == 0:
                 save_checkpoint(run_dir, trainer.state())
         if main:
@@ -364,6 +376,7 @@ def train(cfg: TrainConfig) -> RunResult:
                 write_text_atomic(run_dir / "heldout.json", json.dumps(result.heldout, indent=2) + "\n")
                 _plot(run_dir)
     finally:
+        trainer.data.close()
         bar.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

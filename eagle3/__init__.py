@@ -58,6 +58,7 @@ _EXPORTS = {
     "SampleFailedError": "eagle3.client.errors",
     "ServiceUnavailableError": "eagle3.client.errors",
     "StreamError": "eagle3.client.errors",
+    "train_from_servers": "eagle3.train",
 }
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ if TYPE_CHECKING:
     from eagle3.core.features_dataset import FeaturesDataset
     from eagle3.core.features_reader import FeaturesReader
     from eagle3.core.sample import ExtractedSample
+    from eagle3.train import train_from_servers
 
 __all__ = [
     "APIConnectionError",
@@ -121,6 +123,7 @@ __all__ = [
     "StreamError",
     "extract_dataset",
     "prepare_dataset",
+    "train_from_servers",
 ]
 
 

@@ -28,6 +28,7 @@ from eagle3.core.progress import quiet_foreign_bars
 from eagle3.demo import add_demo_command
 from eagle3.draft_trainer.cli import add_trainer_commands, add_vocab_command
 from eagle3.server.cli import add_serve_command
+from eagle3.train import server_source
 
 # Every error eagle3 raises on purpose derives from Eagle3Error (core/errors.py); OSError covers an
 # unreadable input or an unwritable output directory. Anything else is a bug and keeps its traceback.
@@ -92,7 +93,7 @@ def build_parser() -> ArgumentParser:
     add_distill_command(sub)
     add_self_instruct_command(sub)
     add_extract_command(sub)
-    add_trainer_commands(sub)
+    add_trainer_commands(sub, make_source=server_source)
     add_demo_command(sub)
     add_serve_command(sub)
     for command in _subcommands(parser).values():  # `eagle3 train -v ...` as well as `eagle3 -v train ...`

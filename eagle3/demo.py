@@ -39,6 +39,7 @@ from eagle3.core.protocol.prepared import concat_prepared
 from eagle3.draft_trainer.cli import format_vocab_stats
 from eagle3.draft_trainer.vocab import make_vocab
 from eagle3.local_server import LocalServer
+from eagle3.train import train_from_servers
 
 N_STEPS = 8
 EXIT_STOPPED = 128 + signal.SIGTERM  # the status a shell gives a process ended by SIGTERM
@@ -108,6 +109,9 @@ def add_demo_command(sub: Any) -> None:
     p.add_argument("--eval-prompts", type=positive_int, default=40,
                    help="held-out-split prompts in eval (default 40: all of them at 640 samples)")  # fmt: skip
     p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="hf", help="the server's backend (default hf)")
+    p.add_argument("--extract-first", action="store_true",
+                   help="extract every sample to the features directory, then train on it (the offline path); "
+                   "default: train from the server while it extracts, filling the same directory (hybrid)")  # fmt: skip
     p.set_defaults(func=run_demo)
 
 
@@ -171,13 +175,20 @@ def run_demo(args: argparse.Namespace) -> int:
             train_data = add_self_instruct(out, distilled, server.url, args.self_instruct)
         step(4, f"vocab -> {vocab_dir}")
         print(format_vocab_stats(make_vocab(train_data, vocab_dir, args.draft_vocab_size)))
-        step(5, f"extract {train_data} -> {features} over HTTP from the same server")
-        print(extract_dataset(train_data, features, server.url, config=ExtractConfig(progress=None)).format_text())
-    run_dir = out / "run"
-    step(6, f"train -> {run_dir}")
-    overrides = {"features": str(features), "vocab": str(vocab_dir), "model": args.model, "out": str(run_dir),
-                 "epochs": args.epochs, "autocast_bf16": args.bf16, **DEMO_TRAIN}  # fmt: skip
-    result = train(load_config(None, overrides))
+        run_dir = out / "run"
+        overrides = {"vocab": str(vocab_dir), "model": args.model, "out": str(run_dir), "epochs": args.epochs,
+                     "autocast_bf16": args.bf16, **DEMO_TRAIN}  # fmt: skip
+        if args.extract_first:
+            step(5, f"extract {train_data} -> {features} over HTTP from the same server")
+            print(extract_dataset(train_data, features, server.url, config=ExtractConfig(progress=None)).format_text())
+            step(6, f"train on {features} -> {run_dir}")
+            result = train(load_config(None, dict(overrides, features=str(features))))
+        else:  # hybrid: the first epoch streams from the server and fills the features directory, later ones read it
+            step(5, f"the features of {train_data} stream from the same server while the draft trains; the first "
+                    f"epoch writes them to {features}, later epochs read them there")  # fmt: skip
+            step(6, f"train -> {run_dir}")
+            cfg = load_config(None, dict(overrides, prepared=str(train_data), features_cache=str(features)))
+            result = train_from_servers(cfg, [server.url])
     if result.stopped_early:  # a scheduler's SIGTERM: the checkpoint is saved; a partial draft is not the demo's
         print(f"  stopped by SIGTERM at step {result.steps}: checkpoint saved in {run_dir}; nothing exported or "
               "evaluated. Rerun the same command to resume (prepare/vocab redone, distill and extract kept, "

@@ -90,8 +90,10 @@ SCRAPER = "e2e-scraper"  # the tenant whose key metrics() scrapes with (--admin-
 
 
 class LiveServer:
-    def __init__(self, args: list[str], log_path: Path, api_keys: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, args: list[str], log_path: Path, api_keys: dict[str, str] | None = None, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()  # a port: restart a stopped server where its clients look for it
         self.url = f"http://127.0.0.1:{self.port}"
         self.keys = dict(api_keys or {})  # tenant -> key
         self.log_path = log_path

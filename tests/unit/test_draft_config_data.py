@@ -59,6 +59,27 @@ def test_split_and_plans(features: Path) -> None:
     assert plan != data.plan(train, 64, seed=0, epoch=1)
 
 
+def test_plans_do_not_depend_on_the_manifest_order(tmp_path: Path) -> None:
+    """Two extractions of the same samples in another arrival order (manifest order) give the same split
+    and the same batches of the same samples: the canonical order (sorted ids) a stream from the servers
+    plans over too (``eagle3 train --server``, docs/training.md)."""
+    samples = random_samples(24, 97, min_len=5, max_len=30, seed=4)
+    model = tiny_llama_dir(tmp_path / "model", hidden_size=32)
+    forward = FeaturesData(write_features(samples, tmp_path / "forward", model), heldout_fraction=0.2)
+    backward = FeaturesData(write_features(samples[::-1], tmp_path / "backward", model), heldout_fraction=0.2)
+    assert forward.reader.sample_ids != backward.reader.sample_ids  # the manifests differ
+    for data in (forward, backward):
+        assert data.ids == sorted(s.sample_id for s in samples)
+
+    def named(data: FeaturesData, epoch: int) -> list[list[str]]:
+        return [[data.ids[p] for p in b] for b in data.plan(data.split.train, 64, seed=0, epoch=epoch)]
+
+    assert [forward.ids[p] for p in forward.split.heldout] == [backward.ids[p] for p in backward.split.heldout]
+    assert named(forward, 0) == named(backward, 0) and named(forward, 1) == named(backward, 1)
+    batch = forward.plan(forward.split.train, 64, seed=0, epoch=0)[0]
+    assert np.array_equal(forward.load(batch).final.numpy(), backward.load(batch).final.numpy())
+
+
 def test_extra_replies_split_with_their_prompt(tmp_path: Path) -> None:
     """``<base>~s<k>`` (eagle3 distill --sampled-replies) hashes as ``<base>``: every reply to a training
     prompt trains; a held-out prompt keeps only its main reply in the held-out split, the extra ones are
@@ -71,7 +92,8 @@ def test_extra_replies_split_with_their_prompt(tmp_path: Path) -> None:
     renamed = [dataclasses.replace(s, sample_id=i) for s, i in zip(samples, ids, strict=True)]
     features = write_features(renamed, tmp_path / "features", tiny_llama_dir(tmp_path / "model", hidden_size=32))
     data = FeaturesData(features, heldout_fraction=0.2)
-    names = data.reader.sample_ids
+    names = data.ids  # canonical order: sorted ids
+    assert names == sorted(data.reader.sample_ids)
     assert sorted(names[p] for p in data.split.heldout) == sorted(held_bases)
     assert {names[p] for p in data.split.train} == {i for i in ids if variant_of(i)[0] not in held_bases}
     assert data.split.n_dropped == 2 * len(held_bases)
@@ -84,7 +106,8 @@ def test_extra_replies_split_with_their_prompt(tmp_path: Path) -> None:
 def test_packed_batch_matches_the_reader(features: Path) -> None:
     data = FeaturesData(features)
     batch = data.load([3, 0])
-    first, second = data.reader[3], data.reader[0]
+    first, second = data.sample(3), data.sample(0)
+    assert (first.sample_id, second.sample_id) == (data.ids[3], data.ids[0])
     n = first.n_tokens
     assert batch.n_tokens == n + second.n_tokens
     np.testing.assert_array_equal(batch.input_ids[:n].numpy(), first.input_ids)
@@ -96,7 +119,7 @@ def test_packed_batch_matches_the_reader(features: Path) -> None:
 def test_overlong_sample_is_named(features: Path) -> None:
     data = FeaturesData(features)
     first_long = int(np.nonzero(data.n_tokens > 20)[0][0])
-    with pytest.raises(DataError, match=f"'{data.reader.sample_ids[first_long]}' has"):
+    with pytest.raises(DataError, match=f"'{data.ids[first_long]}' has"):
         data.plan(tuple(range(30)), 20, seed=0, epoch=0, shuffle=False)
     assert data.plan(tuple(range(30)), 20, seed=0, epoch=0, truncate=True)
 
@@ -116,3 +139,21 @@ def test_cli_train_reports_bad_features(tmp_path: Path, capsys: pytest.CaptureFi
                  "--model", "SmolLM2-135M-Instruct"])  # fmt: skip
     assert code == 1
     assert "not a features directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prepared", "p"], "needs --prepared DIR and at least one --server URL"),
+        (["--server", "http://127.0.0.1:9"], "needs --prepared DIR and at least one --server URL"),
+        (["--features", "f", "--server", "http://127.0.0.1:9", "--prepared", "p"], "give one or the other"),
+        ([], "give --features DIR"),
+    ],
+)
+def test_cli_train_data_options(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``eagle3 train``: offline (--features) or streamed (--prepared + --server), never both, never neither."""
+    code = main(["train", *args, "--vocab", "v", "--out", str(tmp_path / "run"), "--model", "SmolLM2-135M-Instruct"])
+    assert code == 1
+    assert message in capsys.readouterr().err
