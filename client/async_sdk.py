@@ -98,8 +98,14 @@ class AsyncExtractionClient(BaseClient):
         closed by ``close()``), ``transport`` an ``httpx.AsyncBaseTransport`` (tests:
         ``httpx.MockTransport``), ``sleep`` a coroutine function (``asyncio.sleep``). A call's requests
         beyond the first stream as tasks, ``max_in_flight_requests`` at once (``client/request_pipeline.py``)."""
-        super().__init__(urls, api_key, max_retries=max_retries, max_retry_after_s=max_retry_after_s, cache=cache,
-                         max_in_flight_requests=max_in_flight_requests)  # fmt: skip
+        super().__init__(
+            urls,
+            api_key,
+            max_retries=max_retries,
+            max_retry_after_s=max_retry_after_s,
+            cache=cache,
+            max_in_flight_requests=max_in_flight_requests,
+        )
         self._sleep = sleep
         self._allocate = buffer_pool
         self._owns_http = http_client is None
@@ -236,16 +242,25 @@ class AsyncExtractionClient(BaseClient):
                 if resp.status_code != 200:
                     await resp.aread()
                     raise response_status_error(resp, url)
-                async for item in aread_stream(resp, url, requests, self._identity.get(url), self.counters,
-                                              self._allocate):  # fmt: skip
+                async for item in aread_stream(
+                    resp, url, requests, self._identity.get(url), self.counters, self._allocate
+                ):
                     yield item
         except TRANSPORT_ERRORS as exc:
             raise transport_error(exc, url, request_id) from None
 
     # -- plumbing -------------------------------------------------------------------------------
 
-    async def _call_json(self, method: str, url: str, path: str, request_id: str, body: Any = None,
-                         timeout_s: float | None = None, parse: bool = True) -> Any:  # fmt: skip
+    async def _call_json(
+        self,
+        method: str,
+        url: str,
+        path: str,
+        request_id: str,
+        body: Any = None,
+        timeout_s: float | None = None,
+        parse: bool = True,
+    ) -> Any:
         """``ExtractionClient._call_json``, awaited."""
         extra: dict[str, Any] = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s, connect=10.0)}
         try:

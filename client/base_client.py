@@ -329,7 +329,8 @@ class ReadyPoll:
         if self.report is not None and now >= self._next_report:
             self._next_report = now + self.report_every_s
             waited_s = now - self.started
-            self.report(f"waiting for a server to be ready ({waited_s:.0f} s of at most {self.timeout_s:.0f} s): "
-                        f"{self.last}")  # fmt: skip
+            self.report(
+                f"waiting for a server to be ready ({waited_s:.0f} s of at most {self.timeout_s:.0f} s): {self.last}"
+            )
         if now >= self.deadline:
             raise APITimeoutError(f"no server ready after {self.timeout_s:.0f} s (last: {self.last})", url=url)

@@ -53,8 +53,11 @@ def add_prepare_command(sub: Any) -> None:
     )
     p.add_argument("--split", default="train", help="split of a saved DatasetDict (default train)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="run the checkpoint's own tokenizer code (some MoE/multimodal checkpoints)")  # fmt: skip
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the checkpoint's own tokenizer code (some MoE/multimodal checkpoints)",
+    )
     p.set_defaults(func=run_prepare)
 
 

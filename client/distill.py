@@ -283,8 +283,14 @@ def read_partial(path: Path) -> list[PreparedSample]:
 
 
 def _server_identity(info: ServerInfo) -> dict[str, Any]:
-    return {"model_id": info.model_id, "revision": info.revision, "backend": info.backend, "dtype": info.dtype,
-            "tokenizer_sha256": info.tokenizer_sha256, "stop_token_ids": list(info.stop_token_ids)}  # fmt: skip
+    return {
+        "model_id": info.model_id,
+        "revision": info.revision,
+        "backend": info.backend,
+        "dtype": info.dtype,
+        "tokenizer_sha256": info.tokenizer_sha256,
+        "stop_token_ids": list(info.stop_token_ids),
+    }
 
 
 def _check_resume(out: Path, state: dict[str, Any]) -> None:
@@ -366,11 +372,25 @@ def distill_dataset(
                     cfg.progress(min(start + per, len(selected)), len(selected))
         out_meta = dataclasses.replace(meta, max_length=max(longest, 1))
         (out / META_FILE).write_text(out_meta.to_json())
-        summary = DistillSummary(out, len(selected), n_written, n_resumed, run.dropped, run.generated_tokens,
-                                 run.requests, time.monotonic() - started)  # fmt: skip
-        stats = {"samples_kept": n_written + n_resumed, "source": str(prepared), **cfg.identity(),
-                 "server": state["server"], "generated_tokens": run.generated_tokens, "dropped": run.dropped,
-                 "generate_s": round(summary.duration_s, 1)}  # fmt: skip
+        summary = DistillSummary(
+            out,
+            len(selected),
+            n_written,
+            n_resumed,
+            run.dropped,
+            run.generated_tokens,
+            run.requests,
+            time.monotonic() - started,
+        )
+        stats = {
+            "samples_kept": n_written + n_resumed,
+            "source": str(prepared),
+            **cfg.identity(),
+            "server": state["server"],
+            "generated_tokens": run.generated_tokens,
+            "dropped": run.dropped,
+            "generate_s": round(summary.duration_s, 1),
+        }
         (out / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
         os.replace(out / PARTIAL_FILE, out / SAMPLES_FILE)
         return summary

@@ -23,23 +23,44 @@ def add_distill_command(sub: Any) -> None:
         "written twice.",
     )
     p.add_argument("prepared", type=Path, metavar="PREPARED", help="directory written by eagle3 prepare")
-    p.add_argument("--server", default=os.environ.get(SERVER_URL_ENV), metavar="URL",
-                   help=f"the server, e.g. http://gpu-node:8000 (default: ${SERVER_URL_ENV})")  # fmt: skip
+    p.add_argument(
+        "--server",
+        default=os.environ.get(SERVER_URL_ENV),
+        metavar="URL",
+        help=f"the server, e.g. http://gpu-node:8000 (default: ${SERVER_URL_ENV})",
+    )
     p.add_argument("--out", required=True, type=Path, help="prepared directory to write (created, or resumed)")
     p.add_argument("--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV})")
-    p.add_argument("--max-samples", type=positive_int, default=None,
-                   help="the first N samples with distinct prompts (default: all)")  # fmt: skip
+    p.add_argument(
+        "--max-samples",
+        type=positive_int,
+        default=None,
+        help="the first N samples with distinct prompts (default: all)",
+    )
     p.add_argument("--max-new-tokens", type=positive_int, default=48, help="per assistant turn (default 48)")
-    p.add_argument("--prompts-per-request", type=positive_int, default=16,
-                   help="samples per batch: their turn k goes in one request (default 16)")  # fmt: skip
+    p.add_argument(
+        "--prompts-per-request",
+        type=positive_int,
+        default=16,
+        help="samples per batch: their turn k goes in one request (default 16)",
+    )
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=positive_float, default=1.0, help="nucleus sampling mass (default 1)")
     p.add_argument("--seed", type=int, default=None, help="sampled runs: base seed (default 0)")
-    p.add_argument("--sampled-replies", type=non_negative_int, default=0, metavar="N",
-                   help="besides each prompt's reply, N more sampled at --sampled-temperature (ids "
-                   "<id>-distill~s1..~sN; training keeps every reply to a held-out prompt out; default 0)")  # fmt: skip
-    p.add_argument("--sampled-temperature", type=positive_float, default=0.8,
-                   help="temperature of the --sampled-replies (default 0.8; --top-p applies to them too)")  # fmt: skip
+    p.add_argument(
+        "--sampled-replies",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="besides each prompt's reply, N more sampled at --sampled-temperature (ids "
+        "<id>-distill~s1..~sN; training keeps every reply to a held-out prompt out; default 0)",
+    )
+    p.add_argument(
+        "--sampled-temperature",
+        type=positive_float,
+        default=0.8,
+        help="temperature of the --sampled-replies (default 0.8; --top-p applies to them too)",
+    )
     p.add_argument("--timeout-s", type=positive_float, default=900.0, help="read timeout per request (default 900)")
     p.add_argument("--overwrite", action="store_true", help="start again instead of resuming --out")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")

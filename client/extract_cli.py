@@ -42,9 +42,11 @@ def add_extract_command(sub: Any) -> None:
         "--requests-per-server", type=positive_int, default=2, help="requests in flight per server (default 2)"
     )
     p.add_argument(
-        "--request-tokens", type=positive_int, default=65536, help="tokens per request (default 65536, capped by "
-        "the server's max_request_tokens)"
-    )  # fmt: skip
+        "--request-tokens",
+        type=positive_int,
+        default=65536,
+        help="tokens per request (default 65536, capped by the server's max_request_tokens)",
+    )
     p.add_argument("--shard-mb", type=positive_float, default=DEFAULT_SHARD_MB, help="shard size target (default 256)")
     p.add_argument(
         "--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="failures in a row before a server is given up"
@@ -60,8 +62,11 @@ def add_extract_command(sub: Any) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N prepared samples")
     p.add_argument("--verify", action="store_true", help="check the checksum of every shard already written first")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    p.add_argument("--no-cache", action="store_true", help="the server computes every sample (bypasses its "
-                   "feature cache; for checks that must see the verifier run)")  # fmt: skip
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="the server computes every sample (bypasses its feature cache; for checks that must see the verifier run)",
+    )
     p.set_defaults(func=run_extract)
 
 

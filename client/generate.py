@@ -91,8 +91,14 @@ def generate(
     timeout_s: float | None = None,
 ) -> GenerateResponse:
     """One ``POST /v1/generate``: a reply per prompt, in order (see the module docstring)."""
-    request = generate_request(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               seed=seed, stop_token_ids=stop_token_ids)  # fmt: skip
+    request = generate_request(
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        stop_token_ids=stop_token_ids,
+    )
     body = request.to_dict()
 
     def call(url: str) -> GenerateResponse:
@@ -116,8 +122,14 @@ async def agenerate(
     timeout_s: float | None = None,
 ) -> GenerateResponse:
     """``generate`` of the async client: the same request, checks and retries."""
-    request = generate_request(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               seed=seed, stop_token_ids=stop_token_ids)  # fmt: skip
+    request = generate_request(
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        stop_token_ids=stop_token_ids,
+    )
     body = request.to_dict()
 
     async def call(url: str) -> GenerateResponse:

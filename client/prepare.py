@@ -119,8 +119,13 @@ def prepare_dataset(
         with open(partial, "w", encoding="utf-8") as fh:
             rows = _iter_all_rows(sources, config)
             with ProgressBar("prepare", config.limit, unit="row", enabled=config.progress) as bar:
-                for result in tokenize_rows(rows, chat, workers=config.workers, model_dir=str(model_dir),
-                                            trust_remote_code=config.trust_remote_code):  # fmt: skip
+                for result in tokenize_rows(
+                    rows,
+                    chat,
+                    workers=config.workers,
+                    model_dir=str(model_dir),
+                    trust_remote_code=config.trust_remote_code,
+                ):
                     stats.rows_read += 1
                     sample = _finish_row(result, config, stats, max_length, vocab_size)
                     if sample is not None:

@@ -50,8 +50,9 @@ def _handed(message: Any) -> bool:
     return message is not _END
 
 
-def _pump(stream: Callable[[threading.Event], Generator[Any, None, None]], out: queue.SimpleQueue[Any],
-          stop: threading.Event) -> None:  # fmt: skip
+def _pump(
+    stream: Callable[[threading.Event], Generator[Any, None, None]], out: queue.SimpleQueue[Any], stop: threading.Event
+) -> None:
     outcomes = stream(stop)
     try:
         for item in outcomes:

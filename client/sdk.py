@@ -116,8 +116,14 @@ class ExtractionClient(BaseClient):
         samples' memory is recycled from it once nothing references it (``extract_dataset`` passes one).
         ``max_in_flight_requests``: how many of a call's requests stream at once when its samples need more
         than one (``client/request_pipeline.py``; 1: one after the other)."""
-        super().__init__(urls, api_key, max_retries=max_retries, max_retry_after_s=max_retry_after_s, cache=cache,
-                         max_in_flight_requests=max_in_flight_requests)  # fmt: skip
+        super().__init__(
+            urls,
+            api_key,
+            max_retries=max_retries,
+            max_retry_after_s=max_retry_after_s,
+            cache=cache,
+            max_in_flight_requests=max_in_flight_requests,
+        )
         self._sleep = sleep
         self._allocate = buffer_pool
         self._owns_http = http_client is None
@@ -287,8 +293,16 @@ class ExtractionClient(BaseClient):
     def _get_json(self, url: str, path: str) -> Any:
         return self._call_json("GET", url, path, new_request_id())
 
-    def _call_json(self, method: str, url: str, path: str, request_id: str, body: Any = None,
-                   timeout_s: float | None = None, parse: bool = True) -> Any:  # fmt: skip
+    def _call_json(
+        self,
+        method: str,
+        url: str,
+        path: str,
+        request_id: str,
+        body: Any = None,
+        timeout_s: float | None = None,
+        parse: bool = True,
+    ) -> Any:
         """One JSON call (GET, or POST of ``body``): transport failures and non-200 answers become the
         SDK's typed errors (``client/errors.py``); the parsed JSON (``parse``) or the response otherwise."""
         extra: dict[str, Any] = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s, connect=10.0)}

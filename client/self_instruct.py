@@ -99,8 +99,7 @@ def user_turns(tokenizer: Any, prompt_ids: Sequence[int]) -> list[str]:
     return [t.strip() for t in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", text, re.S)]
 
 
-def openers_and_turns(tokenizer: Any, prepared_dir: str | Path,
-                      heldout_fraction: float) -> tuple[list[str], list[str]]:  # fmt: skip
+def openers_and_turns(tokenizer: Any, prepared_dir: str | Path, heldout_fraction: float) -> tuple[list[str], list[str]]:
     """Openers (the first word of each training-split prompt's last user turn, one per prompt, so frequent
     ones weigh: held-out prompts lend nothing) and every user turn of the dataset, held out or not (what
     ``sample_prompts`` must exclude so no new prompt equals an eval prompt). Extra replies are skipped."""
@@ -124,13 +123,19 @@ def trains_as(id_suffix: str, heldout_fraction: float) -> Callable[[str], bool]:
 
 def render_prompt(tokenizer: Any, text: str) -> list[int]:
     """Prompt ids of one user turn with the generation prompt (as ``eagle3 prepare`` tokenizes)."""
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)  # fmt: skip
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
     return list(tokenizer(str(rendered), add_special_tokens=False)["input_ids"])
 
 
-def sample_prompts(client: ExtractionClient, tokenizer: Any, config: SelfInstructConfig,
-                   exclude: Iterable[str] = (), openers: Sequence[str] = ()) -> list[str]:  # fmt: skip
+def sample_prompts(
+    client: ExtractionClient,
+    tokenizer: Any,
+    config: SelfInstructConfig,
+    exclude: Iterable[str] = (),
+    openers: Sequence[str] = (),
+) -> list[str]:
     """Up to ``config.n_prompts`` distinct user prompts written by the verifier ``client`` serves.
 
     With ``openers``, each sequence's turn starts with one of them (drawn uniformly: repeats weigh).
@@ -146,9 +151,14 @@ def sample_prompts(client: ExtractionClient, tokenizer: Any, config: SelfInstruc
         seed = cfg.seed * SEED_STRIDE + request_no
         draw = random.Random(seed)  # noqa: S311 (a reproducible draw, not a secret)
         starts = [draw.choice(opener_ids) if opener_ids else [] for _ in range(cfg.prompts_per_request)]
-        answer = client.generate([prefix + s for s in starts], max_new_tokens=cfg.max_tokens + 1,
-                                 temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
-                                 stop_token_ids=[end_id])  # fmt: skip
+        answer = client.generate(
+            [prefix + s for s in starts],
+            max_new_tokens=cfg.max_tokens + 1,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=seed,
+            stop_token_ids=[end_id],
+        )
         for start, reply in zip(starts, answer.replies, strict=True):
             if reply.finish_reason != "stop":
                 continue  # ran past max_tokens: incomplete
@@ -179,8 +189,13 @@ def diversity_stats(texts: list[str], tokenizer: Any) -> dict[str, float]:
     }
 
 
-def write_prompt_dir(texts: list[str], out_dir: str | Path, tokenizer: Any, meta: PreparedMeta,
-                     id_ok: Callable[[str], bool] = lambda _: True) -> Path:  # fmt: skip
+def write_prompt_dir(
+    texts: list[str],
+    out_dir: str | Path,
+    tokenizer: Any,
+    meta: PreparedMeta,
+    id_ok: Callable[[str], bool] = lambda _: True,
+) -> Path:
     """A prepared directory of ``texts`` with one placeholder supervised token (``<|im_end|>``) each, so
     ``eagle3 distill`` answers them. Ids are ``si-00000``, ``si-00001``... skipping any ``id_ok`` rejects
     (the demo skips ids its held-out hash would take, so none of these prompts is held out)."""
@@ -203,8 +218,15 @@ class SelfInstructResult:
     n_openers: int  # distinct openers that steered them (0: unsteered)
 
 
-def self_instruct(client: ExtractionClient, prepared_dir: str | Path, out_dir: str | Path, config: SelfInstructConfig,
-                  heldout_fraction: float, *, steer: bool = True) -> SelfInstructResult:  # fmt: skip
+def self_instruct(
+    client: ExtractionClient,
+    prepared_dir: str | Path,
+    out_dir: str | Path,
+    config: SelfInstructConfig,
+    heldout_fraction: float,
+    *,
+    steer: bool = True,
+) -> SelfInstructResult:
     """``eagle3 self-instruct`` and ``eagle3 demo --self-instruct``: prompts for the dataset at
     ``prepared_dir`` (the directory that is trained on: its ids decide the held-out split) written to
     ``out_dir``. Refused before any request where the server cannot generate for its tokenizer

@@ -25,17 +25,29 @@ def add_self_instruct_command(sub: Any) -> None:
         "equals a prompt of PREPARED; ids the trainer's held-out hash would take are skipped, so every answer "
         "trains and PREPARED's held-out split stays what eval measures.",
     )
-    p.add_argument("prepared", type=Path, metavar="PREPARED",
-                   help="the dataset whose prompts steer and are excluded: the directory you train on (its ids "
-                   "decide the held-out split; eagle3 distill output if you train on distilled replies)")  # fmt: skip
-    p.add_argument("--server", default=os.environ.get(SERVER_URL_ENV), metavar="URL",
-                   help=f"the server, e.g. http://gpu-node:8000 (default: ${SERVER_URL_ENV})")  # fmt: skip
+    p.add_argument(
+        "prepared",
+        type=Path,
+        metavar="PREPARED",
+        help="the dataset whose prompts steer and are excluded: the directory you train on (its ids "
+        "decide the held-out split; eagle3 distill output if you train on distilled replies)",
+    )
+    p.add_argument(
+        "--server",
+        default=os.environ.get(SERVER_URL_ENV),
+        metavar="URL",
+        help=f"the server, e.g. http://gpu-node:8000 (default: ${SERVER_URL_ENV})",
+    )
     p.add_argument("--out", required=True, type=Path, help="prepared directory of the prompts (replaced)")
     p.add_argument("--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV})")
     p.add_argument("--prompts", type=positive_int, default=800, metavar="N", help="prompts to keep (default 800)")
     p.add_argument("--no-steer", action="store_true", help="no openers: the verifier writes whole turns")
-    p.add_argument("--heldout-fraction", type=fraction_below_one, default=0.05,
-                   help="the trainer's heldout_fraction (default 0.05): openers come from its train split")  # fmt: skip
+    p.add_argument(
+        "--heldout-fraction",
+        type=fraction_below_one,
+        default=0.05,
+        help="the trainer's heldout_fraction (default 0.05): openers come from its train split",
+    )
     p.add_argument("--max-tokens", type=positive_int, default=24, help="longest kept turn, tokens (default 24)")
     p.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (default 1)")
     p.add_argument("--top-p", type=probability_mass, default=0.95, help="nucleus sampling mass (default 0.95)")
@@ -47,8 +59,14 @@ def run_self_instruct(args: argparse.Namespace) -> int:
     if not args.server:
         sys.stderr.write(f"eagle3 self-instruct: error: --server URL is required (or set ${SERVER_URL_ENV})\n")
         return 2
-    config = SelfInstructConfig(n_prompts=args.prompts, max_tokens=args.max_tokens, temperature=args.temperature,
-                                top_p=args.top_p, seed=args.seed, min_tokens=min(4, args.max_tokens))  # fmt: skip
+    config = SelfInstructConfig(
+        n_prompts=args.prompts,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        min_tokens=min(4, args.max_tokens),
+    )
     started = time.monotonic()
     with ExtractionClient(args.server, args.api_key) as client:
         result = self_instruct(client, args.prepared, args.out, config, args.heldout_fraction, steer=not args.no_steer)

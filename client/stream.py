@@ -154,8 +154,11 @@ class StreamAssembler:
         tensors, _ = parse_safetensors(decode_payload(frame.payload, frame.codec, raw_bytes))
         n = end - start
         n_layers = len(self.aux_layer_ids) + 1
-        want = {"hidden_states": ("BF16", (n, n_layers, self.hidden_size)), "input_ids": ("I32", (n,)),
-                "loss_mask": ("U8", (n,))}  # fmt: skip
+        want = {
+            "hidden_states": ("BF16", (n, n_layers, self.hidden_size)),
+            "input_ids": ("I32", (n,)),
+            "loss_mask": ("U8", (n,)),
+        }
         for name, (dtype, shape) in want.items():
             got = tensors.get(name)
             if got is None or got.dtype != dtype or got.shape != shape:
@@ -166,15 +169,19 @@ class StreamAssembler:
         if start == 0 and expected is not None and len(expected) != n_total:
             raise self._fail(f"sample {sample_id!r}: the server returned other input_ids than were sent")
         if start == 0 and n_total > self.header.n_tokens:
-            raise self._fail(f"frame {frame.seq}: sample {sample_id!r} of {n_total} tokens, over the stream's "
-                             f"{self.header.n_tokens}")  # fmt: skip
+            raise self._fail(
+                f"frame {frame.seq}: sample {sample_id!r} of {n_total} tokens, over the stream's {self.header.n_tokens}"
+            )
         self._next_token[sample_id] = end
         if final and start == 0:  # the whole sample in one frame: its arrays are views of the frame, no copy
             hidden, ids, mask = parts
         else:
             if start == 0:  # allocated once at its full size (numpy: no zero fill), every chunk copied in place
-                self._filling[sample_id] = (self._states_array((n_total, n_layers, self.hidden_size)),
-                                            np.empty(n_total, np.int32), np.empty(n_total, np.uint8))  # fmt: skip
+                self._filling[sample_id] = (
+                    self._states_array((n_total, n_layers, self.hidden_size)),
+                    np.empty(n_total, np.int32),
+                    np.empty(n_total, np.uint8),
+                )
             arrays = self._filling[sample_id]
             for array, part in zip(arrays, parts, strict=True):
                 array[start:end] = part

@@ -36,9 +36,18 @@ _METRIC_RE = re.compile(r'^(eagle3_stage_seconds_total\{[^}]*stage="forward"[^}]
 
 
 class ServerSource:
-    def __init__(self, urls: str | Sequence[str], api_key: str | None = None, *, requests_per_server: int = 2,
-                 codec: str | None = None, cache: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_retries: int = DEFAULT_TRAIN_MAX_RETRIES, wait_ready_s: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        api_key: str | None = None,
+        *,
+        requests_per_server: int = 2,
+        codec: str | None = None,
+        cache: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = DEFAULT_TRAIN_MAX_RETRIES,
+        wait_ready_s: float = 0.0,
+    ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("give at least one server URL")
@@ -54,7 +63,7 @@ class ServerSource:
                 max_retries=max_retries,
                 cache=cache,
                 max_in_flight_requests=1,
-            )  # fmt: skip
+            )
             for i in range(len(self.urls))
             for _ in range(requests_per_server)
         ]

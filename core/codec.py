@@ -26,8 +26,17 @@ import zstandard
 from eagle3.core.protocol.frames import Codec, ProtocolError
 
 DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1, "U16": 2, "I16": 2}
-NUMPY_DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "I64": np.int64, "I32": np.int32,
-                "U8": np.uint8, "BOOL": np.bool_, "U16": np.uint16, "I16": np.int16}  # fmt: skip
+NUMPY_DTYPES = {
+    "BF16": np.uint16,
+    "F16": np.float16,
+    "F32": np.float32,
+    "I64": np.int64,
+    "I32": np.int32,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+    "U16": np.uint16,
+    "I16": np.int16,
+}
 MAX_SAFETENSORS_HEADER_BYTES = 100 << 20
 
 

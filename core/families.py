@@ -58,11 +58,13 @@ def routing_keys_error(config: Mapping[str, Any], where: str) -> str | None:
     if not missing:
         return None
     keys = ", ".join(missing)
-    return (f"{where}: a DeepSeek-V3-style config ({config.get('model_type')}) without {keys}. vLLM defaults to "
-            "softmax routing (or fails on e_score_correction_bias without topk_method), while the weights route "
-            "with sigmoid + e_score_correction_bias (noaux_tc), which transformers' DeepseekV3 always computes and "
-            f"its DeepseekV3Config does not write. Add {json.dumps(missing)[1:-1]} to the config (its text_config "
-            "for a wrapper such as Kimi-K2.5), as DeepSeek-V3 and Kimi-K2 ship them")  # fmt: skip
+    return (
+        f"{where}: a DeepSeek-V3-style config ({config.get('model_type')}) without {keys}. vLLM defaults to "
+        "softmax routing (or fails on e_score_correction_bias without topk_method), while the weights route "
+        "with sigmoid + e_score_correction_bias (noaux_tc), which transformers' DeepseekV3 always computes and "
+        f"its DeepseekV3Config does not write. Add {json.dumps(missing)[1:-1]} to the config (its text_config "
+        "for a wrapper such as Kimi-K2.5), as DeepSeek-V3 and Kimi-K2 ship them"
+    )
 
 
 def check_vllm_aux_layer_ids(config: Mapping[str, Any], aux_layer_ids: Sequence[int]) -> None:

@@ -120,8 +120,12 @@ class FeaturesReader:
     ) -> None:
         total = sum(record.n_tokens)
         n_layers, hidden = self.meta.n_layers_stored, self.meta.hidden_size
-        want = {"hidden_states": ("BF16", (total, n_layers, hidden)), "input_ids": ("I32", (total,)),
-                "loss_mask": ("U8", (total,)), "sample_offsets": ("I64", (len(record.sample_ids) + 1,))}  # fmt: skip
+        want = {
+            "hidden_states": ("BF16", (total, n_layers, hidden)),
+            "input_ids": ("I32", (total,)),
+            "loss_mask": ("U8", (total,)),
+            "sample_offsets": ("I64", (len(record.sample_ids) + 1,)),
+        }
         for name, (dtype, shape) in want.items():
             got = tensors.get(name)
             if got is None or got.dtype != dtype or got.shape != shape:

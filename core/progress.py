@@ -72,8 +72,16 @@ class ProgressBar:
 
                 self._bar = tqdm_auto(total=total, desc=desc, unit=unit, unit_scale=unit_scale, initial=initial)
             else:
-                self._bar = tqdm_std(total=total, desc=desc, unit=unit, unit_scale=unit_scale, initial=initial,
-                                     file=self.stream, dynamic_ncols=True, mininterval=0.5)  # fmt: skip
+                self._bar = tqdm_std(
+                    total=total,
+                    desc=desc,
+                    unit=unit,
+                    unit_scale=unit_scale,
+                    initial=initial,
+                    file=self.stream,
+                    dynamic_ncols=True,
+                    mininterval=0.5,
+                )
 
     def update(self, n: float = 1) -> None:
         self.n += n
@@ -94,9 +102,19 @@ class ProgressBar:
         rate = (self.n - self.initial) / elapsed_s if elapsed_s > 0 else None
         postfix = ", ".join(f"{k}={v}" for k, v in self.postfix.items()) or None
         return str(
-            tqdm_std.format_meter(self.n, self.total, elapsed_s, ncols=0, prefix=self.desc, unit=self.unit,
-                                  unit_scale=self.unit_scale, rate=rate, postfix=postfix, initial=self.initial)
-        )  # fmt: skip
+            tqdm_std.format_meter(
+                self.n,
+                self.total,
+                elapsed_s,
+                ncols=0,
+                prefix=self.desc,
+                unit=self.unit,
+                unit_scale=self.unit_scale,
+                rate=rate,
+                postfix=postfix,
+                initial=self.initial,
+            )
+        )
 
     def _write_line(self) -> None:
         self.stream.write(self.line() + "\n")

@@ -42,9 +42,11 @@ class FeatureSizes:
         return {"per_token": self.bytes_per_token, "per_1k_samples_of_2k_tokens": self.bytes_per_1k_samples}
 
     def describe(self) -> str:
-        return (f"{self.n_taps} taps x {self.hidden_size} x {self.dtype_bytes} B = "
-                f"{self.bytes_per_token / KIB:,.1f} KiB/token, {self.bytes_per_1k_samples / 1e9:,.1f} GB per "
-                f"1k samples of {SAMPLE_TOKENS} tokens")  # fmt: skip
+        return (
+            f"{self.n_taps} taps x {self.hidden_size} x {self.dtype_bytes} B = "
+            f"{self.bytes_per_token / KIB:,.1f} KiB/token, {self.bytes_per_1k_samples / 1e9:,.1f} GB per "
+            f"1k samples of {SAMPLE_TOKENS} tokens"
+        )
 
 
 def feature_sizes(n_taps: int, hidden_size: int, dtype: str = DISK_DTYPE) -> FeatureSizes:
@@ -53,8 +55,10 @@ def feature_sizes(n_taps: int, hidden_size: int, dtype: str = DISK_DTYPE) -> Fea
 
 def preflight_line(sizes: FeatureSizes, n_samples: int, n_tokens: int) -> str:
     """``eagle3 extract``'s preflight: what the samples still to extract will take on disk (uncompressed)."""
-    return (f"features: {sizes.describe()}; these {n_samples:,} samples ({n_tokens:,} tokens) take "
-            f"{sizes.bytes_per_token * n_tokens / 1e9:,.2f} GB")  # fmt: skip
+    return (
+        f"features: {sizes.describe()}; these {n_samples:,} samples ({n_tokens:,} tokens) take "
+        f"{sizes.bytes_per_token * n_tokens / 1e9:,.2f} GB"
+    )
 
 
 def kv_bytes_per_token(text: Mapping[str, Any], dtype: str, tensor_parallel_size: int = 1) -> int | None:
@@ -74,8 +78,9 @@ def kv_bytes_per_token(text: Mapping[str, Any], dtype: str, tensor_parallel_size
     return 2 * math.ceil(kv_heads / max(1, tensor_parallel_size)) * head_dim * n_layers * size
 
 
-def kv_fit_error(text: Mapping[str, Any], dtype: str, tensor_parallel_size: int, max_model_len: int,
-                 kv_cache_bytes: int) -> str | None:  # fmt: skip
+def kv_fit_error(
+    text: Mapping[str, Any], dtype: str, tensor_parallel_size: int, max_model_len: int, kv_cache_bytes: int
+) -> str | None:
     """None when one sequence of ``max_model_len`` tokens fits ``kv_cache_bytes`` (per rank), else what to
     pass instead: the longest context that fits, or the KV size the full context needs."""
     per_token = kv_bytes_per_token(text, dtype, tensor_parallel_size)
@@ -83,7 +88,9 @@ def kv_fit_error(text: Mapping[str, Any], dtype: str, tensor_parallel_size: int,
         return None
     fits = kv_cache_bytes // per_token
     need_gib = math.ceil(per_token * max_model_len / GIB * 10) / 10
-    return (f"a {max_model_len:,}-token context needs {per_token * max_model_len / GIB:,.2f} GiB of KV cache per "
-            f"sequence ({per_token / KIB:,.1f} KiB/token per rank), more than the {kv_cache_bytes / GIB:,.2f} GiB "
-            f"given. Pass --max-model-len {fits:,} or less (a capture-only server needs only the longest sample "
-            f"you extract: prepare's --max-length), or --kv-cache-gib {need_gib:g} or more")  # fmt: skip
+    return (
+        f"a {max_model_len:,}-token context needs {per_token * max_model_len / GIB:,.2f} GiB of KV cache per "
+        f"sequence ({per_token / KIB:,.1f} KiB/token per rank), more than the {kv_cache_bytes / GIB:,.2f} GiB "
+        f"given. Pass --max-model-len {fits:,} or less (a capture-only server needs only the longest sample "
+        f"you extract: prepare's --max-length), or --kv-cache-gib {need_gib:g} or more"
+    )

@@ -99,14 +99,20 @@ def probe_tokenizer(tokenizer: Any, model_dir: Path) -> None:
         return
     configured = _configured_class(model_dir)
     loaded = type(tokenizer).__name__
-    head = (f"the tokenizer of {model_dir} ({loaded}, tokenizer_config.json names {configured or 'no class'}) "
-            f"does not round-trip text: {'; '.join(errors)}.")  # fmt: skip
+    head = (
+        f"the tokenizer of {model_dir} ({loaded}, tokenizer_config.json names {configured or 'no class'}) "
+        f"does not round-trip text: {'; '.join(errors)}."
+    )
     if _fast_alternative_works(model_dir):
-        fix = (f" Fix: set \"tokenizer_class\": \"{FAST_CLASS}\" in {model_dir / 'tokenizer_config.json'} "
-               f"(its tokenizer.json loaded as {FAST_CLASS} round-trips; transformers#45488), then rerun")  # fmt: skip
+        fix = (
+            f' Fix: set "tokenizer_class": "{FAST_CLASS}" in {model_dir / "tokenizer_config.json"} '
+            f"(its tokenizer.json loaded as {FAST_CLASS} round-trips; transformers#45488), then rerun"
+        )
     else:
-        fix = (" Fix: use the tokenizer files the model was trained with, or name the right class in "
-               "tokenizer_config.json's tokenizer_class (trust_remote_code for a custom one)")  # fmt: skip
+        fix = (
+            " Fix: use the tokenizer files the model was trained with, or name the right class in "
+            "tokenizer_config.json's tokenizer_class (trust_remote_code for a custom one)"
+        )
     raise TokenizerProbeError(head + fix)
 
 

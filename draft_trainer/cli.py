@@ -65,15 +65,27 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
     p.add_argument("--features", type=Path, default=None, help="features directory (eagle3 extract)")
     stream = p.add_argument_group("streamed from extraction servers (instead of --features; docs/training.md)")
     stream.add_argument("--prepared", type=Path, default=None, help="prepared dataset (eagle3 prepare)")
-    stream.add_argument("--server", action="append", default=[], metavar="URL",
-                        help="extraction server (eagle3 serve), repeatable: the servers share the work")  # fmt: skip
-    stream.add_argument("--features-cache", type=Path, default=None, metavar="DIR",
-                        help="hybrid: read the features DIR holds, fetch and append the rest (a restart or a "
-                        "later epoch fetches nothing already there)")  # fmt: skip
-    stream.add_argument("--requests-per-server", type=positive_int, default=2,
-                        help="requests in flight per server (default 2)")  # fmt: skip
-    stream.add_argument("--wait-ready-s", type=float, default=0.0,
-                        help="wait this long for a loading server (default 0)")  # fmt: skip
+    stream.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="extraction server (eagle3 serve), repeatable: the servers share the work",
+    )
+    stream.add_argument(
+        "--features-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="hybrid: read the features DIR holds, fetch and append the rest (a restart or a "
+        "later epoch fetches nothing already there)",
+    )
+    stream.add_argument(
+        "--requests-per-server", type=positive_int, default=2, help="requests in flight per server (default 2)"
+    )
+    stream.add_argument(
+        "--wait-ready-s", type=float, default=0.0, help="wait this long for a loading server (default 0)"
+    )
     p.add_argument("--vocab", required=True, type=Path, help="vocab directory or vocab.safetensors (eagle3 vocab)")
     add_model_argument(p)
     p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics, draft/)")
@@ -109,15 +121,31 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
     p.add_argument("source", type=Path, help="features directory, or a SpecForge / speculators data directory")
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--to", required=True, choices=("specforge", "speculators", "eagle3"), help="target format")
-    p.add_argument("--from", dest="source_format", choices=("specforge", "speculators"), default=None,
-                   help="--to eagle3: the source's format (default: speculators if it holds state.json, else "
-                   "specforge)")  # fmt: skip
-    p.add_argument("--model", default=None, help="the verifier: its final norm (pre-norm features -> specforge), "
-                   "or the identity to record (-> eagle3 from a directory eagle3 did not write)")  # fmt: skip
-    p.add_argument("--aux-layer-ids", default=None, metavar="A,B,C",
-                   help="-> eagle3 with --model: the aux layers the source holds (default 2,N//2,N-3)")  # fmt: skip
-    p.add_argument("--hidden-states-path", type=Path, default=None,
-                   help="speculators -> eagle3: the hs_<row> files (default SOURCE/hidden_states)")  # fmt: skip
+    p.add_argument(
+        "--from",
+        dest="source_format",
+        choices=("specforge", "speculators"),
+        default=None,
+        help="--to eagle3: the source's format (default: speculators if it holds state.json, else specforge)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="the verifier: its final norm (pre-norm features -> specforge), "
+        "or the identity to record (-> eagle3 from a directory eagle3 did not write)",
+    )
+    p.add_argument(
+        "--aux-layer-ids",
+        default=None,
+        metavar="A,B,C",
+        help="-> eagle3 with --model: the aux layers the source holds (default 2,N//2,N-3)",
+    )
+    p.add_argument(
+        "--hidden-states-path",
+        type=Path,
+        default=None,
+        help="speculators -> eagle3: the hs_<row> files (default SOURCE/hidden_states)",
+    )
     p.add_argument(
         "--vocab",
         type=Path,
@@ -125,8 +153,11 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
         help="-> speculators / specforge: an eagle3 vocab dir, written as d2t.npy/t2d.npy (speculators) "
         "or vocab_mapping.pt (SpecForge's --vocab-mapping-path)",
     )
-    p.add_argument("--skip-missing", action="store_true",
-                   help="speculators -> eagle3: skip rows without an hs_<row> file (failed extractions)")  # fmt: skip
+    p.add_argument(
+        "--skip-missing",
+        action="store_true",
+        help="speculators -> eagle3: skip rows without an hs_<row> file (failed extractions)",
+    )
     p.set_defaults(func=run_convert)
 
     p = sub.add_parser(
@@ -139,11 +170,21 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
     p.add_argument("--prepared", type=Path, default=None, help="prepared dataset the held-out prompts come from")
     p.add_argument("--features", type=Path, default=None, help="training features: their prompts are excluded")
     add_model_argument(p)
-    p.add_argument("-k", type=positive_int_list, default=(4,), metavar="K[,K...]",
-                   help="draft tokens per round; several (3,5,7) give one report each (default 4)")  # fmt: skip
-    p.add_argument("--prompt-set", action="append", choices=("heldout", *PROMPT_SETS), default=None,
-                   help="prompts to measure on, repeatable: heldout (of --prepared, the default) or mt-bench "
-                   "(MT-Bench's 80 first turns, rendered with the verifier's chat template)")  # fmt: skip
+    p.add_argument(
+        "-k",
+        type=positive_int_list,
+        default=(4,),
+        metavar="K[,K...]",
+        help="draft tokens per round; several (3,5,7) give one report each (default 4)",
+    )
+    p.add_argument(
+        "--prompt-set",
+        action="append",
+        choices=("heldout", *PROMPT_SETS),
+        default=None,
+        help="prompts to measure on, repeatable: heldout (of --prepared, the default) or mt-bench "
+        "(MT-Bench's 80 first turns, rendered with the verifier's chat template)",
+    )
     p.add_argument("--n-prompts", type=positive_int, default=10, help="held-out prompts (default 10)")
     p.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
@@ -158,21 +199,32 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
     p.add_argument("--engine", choices=("eagle3", "vllm"), default="eagle3", help="decoder (default eagle3)")
     vllm = p.add_argument_group("--engine vllm: the engines' settings (both engines, with and without the draft)")
     vllm.add_argument("--tensor-parallel-size", type=positive_int, default=1, help="GPUs per engine (default 1)")
-    vllm.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                      help="any vLLM EngineArgs field, VALUE as JSON (e.g. quantization=fp8), repeatable")  # fmt: skip
+    vllm.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any vLLM EngineArgs field, VALUE as JSON (e.g. quantization=fp8), repeatable",
+    )
     vllm.add_argument("--engine-args-json", default=None, metavar="JSON", help="a JSON object of EngineArgs fields")
-    vllm.add_argument("--kv-cache-gib", type=float, default=1.0,
-                      help="KV cache per engine, GiB (default 1; 0: vLLM sizes it)")  # fmt: skip
-    vllm.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                      help="the verifier's dtype in both engines (default float32, as the eagle3 engine: the "
-                      "identical-output check is exact; in bf16 a near-tie can round differently in the "
-                      "verify pass than in a 1-token step, docs/deploy.md)")  # fmt: skip
+    vllm.add_argument(
+        "--kv-cache-gib", type=float, default=1.0, help="KV cache per engine, GiB (default 1; 0: vLLM sizes it)"
+    )
+    vllm.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="the verifier's dtype in both engines (default float32, as the eagle3 engine: the "
+        "identical-output check is exact; in bf16 a near-tie can round differently in the "
+        "verify pass than in a 1-token step, docs/deploy.md)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
-        "--same-sequences", action="store_true",
+        "--same-sequences",
+        action="store_true",
         help="also score the eval prompts' own greedy sequences offline (features from the verifier, bf16) and "
         "online, side by side (hf engine; untimed; about doubles the eval time)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=run_eval)
 
 
@@ -216,8 +268,13 @@ def run_train(args: argparse.Namespace, make_source: Callable[[argparse.Namespac
 def run_export(args: argparse.Namespace) -> int:
     from eagle3.draft_trainer.export import check_export, export_draft
 
-    out = export_draft(args.run, args.out, format=args.format, verifier=args.verifier,
-                       num_speculative_tokens=args.num_speculative_tokens)  # fmt: skip
+    out = export_draft(
+        args.run,
+        args.out,
+        format=args.format,
+        verifier=args.verifier,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
     if args.format == "vllm":
         check_export(out)
     print(f"exported {args.run} -> {out} ({args.format} format; shapes match vLLM's Eagle3 loader)")
@@ -250,8 +307,9 @@ def run_convert(args: argparse.Namespace) -> int:
         meta = meta_from_model(args.model, model, aux) if model is not None else None
         source = args.source_format or ("speculators" if (args.source / "state.json").is_file() else "specforge")
         if source == "speculators":
-            n, skipped = from_speculators(args.source, args.out, meta, hidden_states_dir=args.hidden_states_path,
-                                          skip_missing=args.skip_missing)  # fmt: skip
+            n, skipped = from_speculators(
+                args.source, args.out, meta, hidden_states_dir=args.hidden_states_path, skip_missing=args.skip_missing
+            )
         else:
             n = from_specforge(args.source, args.out, meta)
     note = f"; {skipped} rows without hidden states skipped" if skipped else ""

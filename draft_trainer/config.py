@@ -112,13 +112,17 @@ class TrainConfig:
             raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         parse_log_to(self.log_to)  # unknown names and missing packages fail before any step
         if self.freeze_lm_head and not self.init_lm_head_from_verifier and not self.init_from:
-            raise ConfigError("freeze_lm_head keeps the verifier's lm_head rows: it needs init_lm_head_from_verifier "
-                              "(or init_from a run that had them)")  # fmt: skip
+            raise ConfigError(
+                "freeze_lm_head keeps the verifier's lm_head rows: it needs init_lm_head_from_verifier "
+                "(or init_from a run that had them)"
+            )
         if self.prefetch_micro_batches < 0:
             raise ConfigError(f"prefetch_micro_batches must be >= 0, got {self.prefetch_micro_batches}")
         if self.features and (self.prepared or self.features_cache):
-            raise ConfigError("features is the offline mode; prepared/features_cache are for streaming from "
-                              "servers (--server): give one or the other")  # fmt: skip
+            raise ConfigError(
+                "features is the offline mode; prepared/features_cache are for streaming from "
+                "servers (--server): give one or the other"
+            )
         if self.attention not in _ATTENTION:
             raise ConfigError(f"attention must be one of {', '.join(_ATTENTION)}, got {self.attention!r}")
 

@@ -81,8 +81,16 @@ class SampleTable:
     split: Split
     meta: FeaturesMeta  # what the features are (layers, hidden size)
 
-    def plan(self, positions: tuple[int, ...], max_batch_tokens: int, *, seed: int, epoch: int,
-             shuffle: bool = True, truncate: bool = False) -> list[list[int]]:  # fmt: skip
+    def plan(
+        self,
+        positions: tuple[int, ...],
+        max_batch_tokens: int,
+        *,
+        seed: int,
+        epoch: int,
+        shuffle: bool = True,
+        truncate: bool = False,
+    ) -> list[list[int]]:
         """Micro-batches (lists of canonical positions) for one epoch."""
         order = np.array(positions, dtype=np.int64)
         if shuffle:

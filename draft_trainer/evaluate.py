@@ -64,8 +64,10 @@ class EvalResult:
             accs = "  ".join(f"{100 * a:.1f}%" for a in self.offline_acc)
             walk = "  ".join(f"{100 * a:.0f}%" for a in self.offline_accepted_per_position)
             lines.append(f"  offline (held-out features)   per token, acc per step {accs}")
-            lines.append(f"  offline rounds replayed       tau {self.offline_tau:.2f}  ({self.offline_rounds} rounds)"
-                         f"  accepted at position {walk}")  # fmt: skip
+            lines.append(
+                f"  offline rounds replayed       tau {self.offline_tau:.2f}  ({self.offline_rounds} rounds)"
+                f"  accepted at position {walk}"
+            )
         same = self.same_sequences
         if same:
             first = same["offline_accepted_per_position"][0], same["online_accepted_per_position"][0]
@@ -82,14 +84,20 @@ def load_export_draft(export_dir: str | Path, embed: torch.Tensor) -> EagleDraft
     config, tensors = read_export(export_dir)
     try:
         cfg = DraftConfig(
-            hidden_size=config["hidden_size"], target_hidden_size=config["target_hidden_size"],
-            intermediate_size=config["intermediate_size"], num_attention_heads=config["num_attention_heads"],
-            num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
-            draft_vocab_size=config["draft_vocab_size"], target_vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            target_hidden_size=config["target_hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config["num_key_value_heads"],
+            head_dim=config["head_dim"],
+            draft_vocab_size=config["draft_vocab_size"],
+            target_vocab_size=config["vocab_size"],
             aux_layer_ids=tuple(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
-            rms_norm_eps=config["rms_norm_eps"], rope_theta=config["rope_theta"],
-            max_position_embeddings=config["max_position_embeddings"], rope_scaling=config.get("rope_scaling"),
-        )  # fmt: skip
+            rms_norm_eps=config["rms_norm_eps"],
+            rope_theta=config["rope_theta"],
+            max_position_embeddings=config["max_position_embeddings"],
+            rope_scaling=config.get("rope_scaling"),
+        )
     except KeyError as exc:
         raise CheckpointError(f"{export_dir}/config.json lacks {exc}") from None
     model = EagleDraft(cfg)
@@ -240,15 +248,22 @@ def evaluate(
         n_tokens += len(spec.tokens)
     bar.close()
     result = EvalResult(
-        k=k, n_prompts=len(prompts), tau=sum(a + 1 for a in accepted) / max(1, len(accepted)),
-        speedup=base_s / spec_s if spec_s else 0.0, rounds=len(accepted), generated_tokens=n_tokens,
-        speculative_s=spec_s, baseline_s=base_s, identical=identical,
+        k=k,
+        n_prompts=len(prompts),
+        tau=sum(a + 1 for a in accepted) / max(1, len(accepted)),
+        speedup=base_s / spec_s if spec_s else 0.0,
+        rounds=len(accepted),
+        generated_tokens=n_tokens,
+        speculative_s=spec_s,
+        baseline_s=base_s,
+        identical=identical,
         accepted_per_position=[sum(a > i for a in accepted) / max(1, len(accepted)) for i in range(k)],
-    )  # fmt: skip
+    )
     teacher = Teacher(tensors["norm"], tensors["lm_head"], draft.cfg.rms_norm_eps)
     if same_sequences:
-        check = compare_offline_online(verifier, draft, teacher, taps, prompts, k=k, max_new_tokens=max_new_tokens,
-                                       eos_id=eos_id)  # fmt: skip
+        check = compare_offline_online(
+            verifier, draft, teacher, taps, prompts, k=k, max_new_tokens=max_new_tokens, eos_id=eos_id
+        )
         result.same_sequences = check.to_dict()
     taps.remove()
     if features is not None:

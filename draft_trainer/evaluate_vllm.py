@@ -98,9 +98,17 @@ def render_prompts(model_dir: str | Path, prompts: Sequence[Prompt]) -> list[lis
 OWNED_ENGINE_ARGS = ("model", "tokenizer", "speculative_config", "dtype")  # dtype: ``--dtype`` / ``dtype=``
 
 
-def _engine_request(model_dir: Path, export_dir: Path | None, k: int, dtype: str, max_model_len: int,
-                    kv_cache_gib: float | None, enforce_eager: bool, tensor_parallel_size: int = 1,
-                    engine_args: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def _engine_request(
+    model_dir: Path,
+    export_dir: Path | None,
+    k: int,
+    dtype: str,
+    max_model_len: int,
+    kv_cache_gib: float | None,
+    enforce_eager: bool,
+    tensor_parallel_size: int = 1,
+    engine_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments of one engine; ``engine_args`` (checked by ``evaluate_vllm``) go last."""
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
@@ -203,8 +211,14 @@ def check_export_dir(export_dir: Path) -> None:
         raise VllmEvalError(f"{export_dir}: no *.safetensors")
 
 
-def evaluate_vllm(export_dir: str | Path, model_dir: str | Path, prompts: Sequence[Prompt], k: int = 4,
-                  max_new_tokens: int = 64, **options: Any) -> VllmSpecReport:  # fmt: skip
+def evaluate_vllm(
+    export_dir: str | Path,
+    model_dir: str | Path,
+    prompts: Sequence[Prompt],
+    k: int = 4,
+    max_new_tokens: int = 64,
+    **options: Any,
+) -> VllmSpecReport:
     """``evaluate_vllm_ks`` at one ``k``."""
     return evaluate_vllm_ks(export_dir, model_dir, prompts, (k,), max_new_tokens, **options)[0]
 
@@ -261,14 +275,28 @@ def evaluate_vllm_ks(
     )
     reports = []
     for k in ks:
-        spec = run_engine(_engine_request(model_path, export_path, k, *common), prompt_ids, max_new_tokens,
-                          ignore_eos, logs / f"vllm_eagle3_k{k}.log", timeout_s)  # fmt: skip
+        spec = run_engine(
+            _engine_request(model_path, export_path, k, *common),
+            prompt_ids,
+            max_new_tokens,
+            ignore_eos,
+            logs / f"vllm_eagle3_k{k}.log",
+            timeout_s,
+        )
         reports.append(_compare(export_path, model_path, k, dtype, prompt_ids, base, spec, require_identical))
     return reports
 
 
-def _compare(export_path: Path, model_path: Path, k: int, dtype: str, prompt_ids: list[list[int]],
-             base: EngineRun, spec: EngineRun, require_identical: bool) -> VllmSpecReport:  # fmt: skip
+def _compare(
+    export_path: Path,
+    model_path: Path,
+    k: int,
+    dtype: str,
+    prompt_ids: list[list[int]],
+    base: EngineRun,
+    spec: EngineRun,
+    require_identical: bool,
+) -> VllmSpecReport:
     """The report of one speculative run against the baseline; raises on a real output mismatch."""
     bound = NEAR_TIE_MARGIN.get(dtype, 0.0)
     near_ties, mismatch = classify_divergences(base.token_ids, spec.token_ids, base.top_logprobs, bound)
@@ -287,8 +315,16 @@ def _compare(export_path: Path, model_path: Path, k: int, dtype: str, prompt_ids
     return replace(report, near_ties=tuple(t.to_dict() for t in near_ties), near_tie_margin=bound)
 
 
-def build_report(export_dir: Path, model_dir: Path, k: int, dtype: str, prompt_ids: list[list[int]],
-                 base: EngineRun, spec: EngineRun, mismatch: str | None) -> VllmSpecReport:  # fmt: skip
+def build_report(
+    export_dir: Path,
+    model_dir: Path,
+    k: int,
+    dtype: str,
+    prompt_ids: list[list[int]],
+    base: EngineRun,
+    spec: EngineRun,
+    mismatch: str | None,
+) -> VllmSpecReport:
     counters = spec.spec_counters
     missing = [m for m in SPEC_METRICS if m not in counters]
     if missing:

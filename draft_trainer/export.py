@@ -77,8 +77,13 @@ def export_config(model: EagleDraft) -> dict[str, Any]:
 # ``SpeculatorModel.from_pretrained`` needs besides (tests/integration/test_export_speculators.py loads it
 # with speculators 0.9.0): ``speculators_version``, the verifier's ``architectures``, and the decoder layer's
 # tensors under ``layers.0.`` (the names of its ``Eagle3DraftModel``; vLLM maps ``midlayer.`` there too).
-EAGLE3_KEYS = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-               "eagle_config")  # fmt: skip
+EAGLE3_KEYS = (
+    "architectures",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "eagle_config",
+)
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose format this writes (and the test loads)
 SPECULATORS_LAYER_PREFIX = "layers.0."
 
@@ -219,8 +224,13 @@ def expected_vllm_shapes(config: dict[str, Any], target_vocab_size: int) -> dict
 
 def vllm_param_shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     """Replay vLLM's load_weights mapping on exported tensors: parameter name -> loaded shape."""
-    stacked = {".q_proj": ".qkv_proj", ".k_proj": ".qkv_proj", ".v_proj": ".qkv_proj",
-               ".gate_proj": ".gate_up_proj", ".up_proj": ".gate_up_proj"}  # fmt: skip
+    stacked = {
+        ".q_proj": ".qkv_proj",
+        ".k_proj": ".qkv_proj",
+        ".v_proj": ".qkv_proj",
+        ".gate_proj": ".gate_up_proj",
+        ".up_proj": ".gate_up_proj",
+    }
     out: dict[str, list[int]] = {}
     for name, tensor in tensors.items():
         if "t2d" in name:

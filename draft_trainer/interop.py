@@ -96,8 +96,10 @@ def read_sidecar(root: Path, meta: FeaturesMeta | None) -> tuple[FeaturesMeta, l
         except (ValueError, KeyError, TypeError) as exc:
             raise DataError(f"{path}: not a valid {SIDECAR} ({exc}); delete it and give --model instead") from None
     if meta is None:
-        raise DataError(f"{root}: no {SIDECAR} (not written by eagle3 convert); give the verifier (--model, or "
-                        "meta=meta_from_model(...)) for the identity to record")  # fmt: skip
+        raise DataError(
+            f"{root}: no {SIDECAR} (not written by eagle3 convert); give the verifier (--model, or "
+            "meta=meta_from_model(...)) for the identity to record"
+        )
     return meta, sample_ids
 
 
@@ -113,8 +115,16 @@ def meta_from_model(model: str | Path, model_dir: Path, aux_layer_ids: Sequence[
     except ValueError as exc:
         raise DataError(f"--aux-layer-ids: {exc}") from None
     name = str(model) if not Path(model).is_dir() else Path(model).resolve().name
-    return FeaturesMeta(name, checkpoint_revision(model_dir), aux, n_layers, int(config["hidden_size"]),
-                        int(config["vocab_size"]), "bfloat16", tokenizer_sha256(model_dir))  # fmt: skip
+    return FeaturesMeta(
+        name,
+        checkpoint_revision(model_dir),
+        aux,
+        n_layers,
+        int(config["hidden_size"]),
+        int(config["vocab_size"]),
+        "bfloat16",
+        tokenizer_sha256(model_dir),
+    )
 
 
 VOCAB_MAPPING = "vocab_mapping.pt"  # what SpecForge's prepare_hidden_states.py writes beside its .ckpt files
@@ -199,14 +209,23 @@ def from_specforge(specforge_dir: str | Path, out_dir: str | Path, meta: Feature
             aux, final = data["aux_hidden_state"][0], data["hidden_state"][0]  # [n, k*H], [n, H]
             n = final.shape[0]
             if aux.shape != (n, n_aux * meta.hidden_size) or final.shape != (n, meta.hidden_size):
-                raise DataError(f"{path}: aux {tuple(aux.shape)} / hidden {tuple(final.shape)} do not match "
-                                f"{n_aux} x hidden_size {meta.hidden_size}")  # fmt: skip
+                raise DataError(
+                    f"{path}: aux {tuple(aux.shape)} / hidden {tuple(final.shape)} do not match "
+                    f"{n_aux} x hidden_size {meta.hidden_size}"
+                )
             states = torch.cat([aux.reshape(n, n_aux, meta.hidden_size), final.unsqueeze(1)], dim=1)
             bits = bf16_bits(states)
             sample_id = sample_ids[index] if sample_ids is not None else f"data_{index}"
-            writer.add(ExtractedSample(sample_id, data["input_ids"].numpy().astype(np.int32),
-                                       data["loss_mask"].numpy().astype(np.uint8), bits,
-                                       meta.aux_layer_ids, meta.final_layer_id))  # fmt: skip
+            writer.add(
+                ExtractedSample(
+                    sample_id,
+                    data["input_ids"].numpy().astype(np.int32),
+                    data["loss_mask"].numpy().astype(np.uint8),
+                    bits,
+                    meta.aux_layer_ids,
+                    meta.final_layer_id,
+                )
+            )
     finally:
         writer.close()
     return len(writer.done_ids)

@@ -121,19 +121,25 @@ def to_speculators(features_dir: str | Path, out_dir: str | Path, vocab_dir: str
     reader = FeaturesReader(features_dir)
     meta = reader.meta
     if meta.final_norm_applied:
-        raise DataError(f"{features_dir}: the final state is post-norm (final_norm_applied: true, converted from "
-                        "SpecForge); speculators needs the pre-norm state (it applies verifier_norm itself) and a "
-                        "norm cannot be undone: extract the features with eagle3 serve")  # fmt: skip
+        raise DataError(
+            f"{features_dir}: the final state is post-norm (final_norm_applied: true, converted from "
+            "SpecForge); speculators needs the pre-norm state (it applies verifier_norm itself) and a "
+            "norm cannot be undone: extract the features with eagle3 serve"
+        )
     vocab = None
     if vocab_dir is not None:
         vocab = load_vocab(vocab_dir)
         if vocab.target_vocab_size != meta.vocab_size:
-            raise DataError(f"{Path(vocab_dir) / VOCAB_FILE}: t2d covers {vocab.target_vocab_size} target ids, the "
-                            f"features' verifier has {meta.vocab_size}: give this verifier's vocab")  # fmt: skip
+            raise DataError(
+                f"{Path(vocab_dir) / VOCAB_FILE}: t2d covers {vocab.target_vocab_size} target ids, the "
+                f"features' verifier has {meta.vocab_size}: give this verifier's vocab"
+            )
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
-        raise DataError(f"{out}: not empty; a speculators data directory is written whole: give a new --out "
-                        "(or delete a half-written one)")  # fmt: skip
+        raise DataError(
+            f"{out}: not empty; a speculators data directory is written whole: give a new --out "
+            "(or delete a half-written one)"
+        )
     hs_dir = out / HS_DIR
     hs_dir.mkdir(parents=True)
     ids: list[str] = []
@@ -169,15 +175,18 @@ def _load_rows(root: Path) -> Any:
     from datasets import Dataset, load_from_disk
 
     if not (root / "state.json").is_file():
-        raise DataError(f"{root}: no state.json; expected a speculators data directory (the --output of its "
-                        "prepare_data.py, a datasets save_to_disk directory)")  # fmt: skip
+        raise DataError(
+            f"{root}: no state.json; expected a speculators data directory (the --output of its "
+            "prepare_data.py, a datasets save_to_disk directory)"
+        )
     data = load_from_disk(str(root))
     if not isinstance(data, Dataset):
         raise DataError(f"{root}: a DatasetDict ({list(data)}); give the directory of one split")
     missing = {"input_ids", "loss_mask"} - set(data.column_names)
     if missing:
-        raise DataError(f"{root}: the dataset lacks the column(s) {sorted(missing)} speculators trains on "
-                        f"(has {data.column_names})")  # fmt: skip
+        raise DataError(
+            f"{root}: the dataset lacks the column(s) {sorted(missing)} speculators trains on (has {data.column_names})"
+        )
     return data.with_format("numpy", columns=["input_ids", "loss_mask"])
 
 
@@ -189,24 +198,31 @@ def _read_hs(path: Path, row: int, tokens: np.ndarray[Any, Any], meta: FeaturesM
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
             if not keys >= HS_KEYS:
-                raise DataError(f"{path}: holds {sorted(keys)}, expected {sorted(HS_KEYS)} (vLLM's "
-                                "ExampleHiddenStatesConnector output)")  # fmt: skip
+                raise DataError(
+                    f"{path}: holds {sorted(keys)}, expected {sorted(HS_KEYS)} (vLLM's "
+                    "ExampleHiddenStatesConnector output)"
+                )
             states: torch.Tensor = f.get_tensor("hidden_states")
             token_ids: torch.Tensor = f.get_tensor("token_ids")
     except (SafetensorError, OSError) as exc:
-        raise DataError(f"{path}: unreadable safetensors file ({exc}); regenerate it with speculators' "
-                        "data_generation_offline.py") from None  # fmt: skip
+        raise DataError(
+            f"{path}: unreadable safetensors file ({exc}); regenerate it with speculators' data_generation_offline.py"
+        ) from None
     n = len(tokens)
     shape = (n, meta.n_layers_stored, meta.hidden_size)
     if tuple(states.shape) != shape:
-        raise DataError(f"{path}: hidden_states {tuple(states.shape)}, expected {shape} (row {row}: {n} tokens; "
-                        f"aux layers {list(meta.aux_layer_ids)} + the last layer, hidden size {meta.hidden_size}); "
-                        "give --aux-layer-ids as passed to launch_vllm.py --target-layer-ids")  # fmt: skip
+        raise DataError(
+            f"{path}: hidden_states {tuple(states.shape)}, expected {shape} (row {row}: {n} tokens; "
+            f"aux layers {list(meta.aux_layer_ids)} + the last layer, hidden size {meta.hidden_size}); "
+            "give --aux-layer-ids as passed to launch_vllm.py --target-layer-ids"
+        )
     if states.dtype not in FLOATS:
         raise DataError(f"{path}: hidden_states are {states.dtype}; expected bfloat16 (or float16/float32)")
     if token_ids.dtype.is_floating_point or token_ids.tolist() != tokens.tolist():
-        raise DataError(f"{path}: token_ids differ from row {row}'s input_ids (speculators drops such a "
-                        "sample); the hidden states belong to another dataset or row order")  # fmt: skip
+        raise DataError(
+            f"{path}: token_ids differ from row {row}'s input_ids (speculators drops such a "
+            "sample); the hidden states belong to another dataset or row order"
+        )
     return states
 
 
@@ -227,15 +243,19 @@ def from_speculators(
     rows = _load_rows(root)
     meta, sample_ids = read_sidecar(root, meta)
     if sample_ids is not None and len(sample_ids) != len(rows):
-        raise DataError(f"{root / SIDECAR}: {len(sample_ids)} sample ids for {len(rows)} dataset rows; the "
-                        "dataset changed after eagle3 convert wrote it: delete the sidecar, give --model")  # fmt: skip
+        raise DataError(
+            f"{root / SIDECAR}: {len(sample_ids)} sample ids for {len(rows)} dataset rows; the "
+            "dataset changed after eagle3 convert wrote it: delete the sidecar, give --model"
+        )
     meta = replace(meta, final_norm_applied=False)  # speculators' states are pre-norm by construction
     if sample_ids is None and not meta.n_samples_total:
         meta = replace(meta, n_samples_total=len(rows))  # the dataset it is filled from
     hs_dir = Path(hidden_states_dir) if hidden_states_dir is not None else root / HS_DIR
     if not hs_dir.is_dir():
-        raise DataError(f"{hs_dir}: no hidden-states directory; run speculators' data_generation_offline.py "
-                        "(its --output defaults to DATA/hidden_states) or give --hidden-states-path")  # fmt: skip
+        raise DataError(
+            f"{hs_dir}: no hidden-states directory; run speculators' data_generation_offline.py "
+            "(its --output defaults to DATA/hidden_states) or give --hidden-states-path"
+        )
     writer = FeaturesWriter.open(out_dir, meta)
     skipped = 0
     try:
@@ -248,19 +268,33 @@ def from_speculators(
                 if skip_missing:
                     skipped += 1
                     continue
-                raise DataError(f"{path}: missing (row {row} of {root}; speculators' generator skips a sample "
-                                "whose extraction failed): rerun data_generation_offline.py to fill it, or pass "
-                                "--skip-missing")  # fmt: skip
+                raise DataError(
+                    f"{path}: missing (row {row} of {root}; speculators' generator skips a sample "
+                    "whose extraction failed): rerun data_generation_offline.py to fill it, or pass "
+                    "--skip-missing"
+                )
             tokens, mask = np.asarray(item["input_ids"]), np.asarray(item["loss_mask"])
             if mask.shape != tokens.shape or not np.isin(mask, (0, 1)).all():
-                raise DataError(f"{root}: row {row}: loss_mask must be 0/1 with one entry per input id "
-                                f"({mask.shape[0]} entries for {tokens.shape[0]} ids)")  # fmt: skip
+                raise DataError(
+                    f"{root}: row {row}: loss_mask must be 0/1 with one entry per input id "
+                    f"({mask.shape[0]} entries for {tokens.shape[0]} ids)"
+                )
             if tokens.size and not 0 <= int(tokens.min()) <= int(tokens.max()) < meta.vocab_size:
-                raise DataError(f"{root}: row {row}: token ids outside [0, {meta.vocab_size}) of the verifier's "
-                                "vocabulary; the data belongs to another model than --model")  # fmt: skip
+                raise DataError(
+                    f"{root}: row {row}: token ids outside [0, {meta.vocab_size}) of the verifier's "
+                    "vocabulary; the data belongs to another model than --model"
+                )
             states = _read_hs(path, row, tokens, meta)
-            writer.add(ExtractedSample(sample_id, tokens.astype(np.int32), mask.astype(np.uint8), bf16_bits(states),
-                                       meta.aux_layer_ids, meta.final_layer_id))  # fmt: skip
+            writer.add(
+                ExtractedSample(
+                    sample_id,
+                    tokens.astype(np.int32),
+                    mask.astype(np.uint8),
+                    bf16_bits(states),
+                    meta.aux_layer_ids,
+                    meta.final_layer_id,
+                )
+            )
     finally:
         writer.close()
     return len(writer.done_ids), skipped

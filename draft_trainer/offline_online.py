@@ -70,27 +70,34 @@ class OfflineOnline:
             out[f"{name}_rounds"] = counts.rounds
             out[f"{name}_tau"] = counts.tau
             out[f"{name}_accepted_per_position"] = counts.accepted_per_position
-        out.update(online_step0=self.online_step0, offline_step0=self.offline_step0,
-                   offline_step0_filtered=self.offline_step0_filtered)  # fmt: skip
+        out.update(
+            online_step0=self.online_step0,
+            offline_step0=self.offline_step0,
+            offline_step0_filtered=self.offline_step0_filtered,
+        )
         return out
 
     def format_text(self) -> str:
         def pct(values: list[float]) -> str:
             return " / ".join(f"{100 * v:.1f}" for v in values)
 
-        return "\n".join([
-            f"offline vs online on the same {self.n_sequences} greedy sequences ({self.tokens} positions, k={self.k})",
-            f"  per token, step-0 draft right   online {100 * self.online_step0:.1f}%  offline "
-            f"{100 * self.offline_step0:.1f}%  (trainer's count, out-of-vocab dropped: "
-            f"{100 * self.offline_step0_filtered:.1f}%; out of vocab {100 * self.oov / max(1, self.tokens):.1f}%)",
-            f"  per round, accepted at position online {pct(self.online.accepted_per_position)} % "
-            f"({self.online.rounds} rounds)  offline {pct(self.offline.accepted_per_position)} % "
-            f"({self.offline.rounds} rounds)",
-            f"  tau                             online {self.online.tau:.3f}  offline {self.offline.tau:.3f}",
-            f"  step-0 verdicts differing online/offline at {self.step0_disagree} positions; bf16 teacher argmax != "
-            f"fp32 greedy token at {self.teacher_differs}; output identical to greedy: "
-            f"{'yes' if self.identical else 'NO'}",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"offline vs online on the same {self.n_sequences} greedy sequences "
+                f"({self.tokens} positions, k={self.k})",
+                f"  per token, step-0 draft right   online {100 * self.online_step0:.1f}%  offline "
+                f"{100 * self.offline_step0:.1f}%  (trainer's count, out-of-vocab dropped: "
+                f"{100 * self.offline_step0_filtered:.1f}%; out of vocab {100 * self.oov / max(1, self.tokens):.1f}%)",
+                f"  per round, accepted at position online {pct(self.online.accepted_per_position)} % "
+                f"({self.online.rounds} rounds)  offline {pct(self.offline.accepted_per_position)} % "
+                f"({self.offline.rounds} rounds)",
+                f"  tau                             online {self.online.tau:.3f}  offline {self.offline.tau:.3f}",
+                f"  step-0 verdicts differing online/offline at {self.step0_disagree} positions; "
+                "bf16 teacher argmax != "
+                f"fp32 greedy token at {self.teacher_differs}; output identical to greedy: "
+                f"{'yes' if self.identical else 'NO'}",
+            ]
+        )
 
 
 def taps_extract(verifier: Any, taps: VerifierTaps) -> Extract:

@@ -50,9 +50,13 @@ class PrefetchStats:
     fetch_s: float = 0.0  # summed over the workers: time inside a request
 
     def as_dict(self) -> dict[str, float]:
-        return {"data_wait_s": self.wait_s, "fetched_samples": self.fetched_samples,
-                "fetched_tokens": self.fetched_tokens, "fetched_bytes": self.fetched_bytes,
-                "fetch_s": self.fetch_s}  # fmt: skip
+        return {
+            "data_wait_s": self.wait_s,
+            "fetched_samples": self.fetched_samples,
+            "fetched_tokens": self.fetched_tokens,
+            "fetched_bytes": self.fetched_bytes,
+            "fetch_s": self.fetch_s,
+        }
 
 
 class Prefetcher:
@@ -72,8 +76,10 @@ class Prefetcher:
     def start(self, upcoming: Iterator[tuple[list[int], list[int], int]]) -> None:
         """``upcoming``: (positions, positions to fetch, bytes to fetch) per micro-batch, in take order."""
         self._upcoming = upcoming
-        self._threads = [threading.Thread(target=self._work_loop, args=(w,), name=f"eagle3-prefetch-{w}",
-                                          daemon=True) for w in range(self.n_workers)]  # fmt: skip
+        self._threads = [
+            threading.Thread(target=self._work_loop, args=(w,), name=f"eagle3-prefetch-{w}", daemon=True)
+            for w in range(self.n_workers)
+        ]
         for thread in self._threads:
             thread.start()
         self._admit()

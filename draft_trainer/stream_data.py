@@ -92,9 +92,17 @@ class EpochReport:
         wall_s = max(time.monotonic() - self._started, 1e-9)
         delta = {k: v - self._stats.get(k, 0.0) for k, v in stats.items() if k != "prefetch_bytes"}
         wait_s = delta.get("data_wait_s", self.load_s)  # streamed: blocked on the prefetch; offline: reading
-        out: dict[str, Any] = {"step": step, "epoch": epoch, "epoch_end": True, "time": time.time(),
-                               "epoch_wall_s": wall_s, "data_wait_s": wait_s, "data_wait_share": wait_s / wall_s,
-                               "data_load_s": self.load_s, "tokens_per_s": self.tokens / wall_s}  # fmt: skip
+        out: dict[str, Any] = {
+            "step": step,
+            "epoch": epoch,
+            "epoch_end": True,
+            "time": time.time(),
+            "epoch_wall_s": wall_s,
+            "data_wait_s": wait_s,
+            "data_wait_share": wait_s / wall_s,
+            "data_load_s": self.load_s,
+            "tokens_per_s": self.tokens / wall_s,
+        }
         if "fetched_tokens" in delta:
             out["fetched_tokens"] = int(delta["fetched_tokens"])
             out["fetched_bytes"] = int(delta["fetched_bytes"])
@@ -144,9 +152,16 @@ class FeatureCache:
 class StreamedData(SampleTable):
     """A prepared dataset whose features stream from a ``FeatureSource`` (see the module docstring)."""
 
-    def __init__(self, prepared_dir: str | Path, source: FeatureSource, *, heldout_fraction: float = 0.05,
-                 features_cache: str | Path | None = None, max_batch_tokens: int = 2048,
-                 prefetch_micro_batches: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        prepared_dir: str | Path,
+        source: FeatureSource,
+        *,
+        heldout_fraction: float = 0.05,
+        features_cache: str | Path | None = None,
+        max_batch_tokens: int = 2048,
+        prefetch_micro_batches: int = 0,
+    ) -> None:
         self.prepared_dir = Path(prepared_dir)
         self.source = source
         samples = list(iter_prepared(self.prepared_dir))
@@ -170,8 +185,10 @@ class StreamedData(SampleTable):
             )
         for pos, ids in enumerate(self._input_ids):
             if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.meta.vocab_size):
-                raise DataError(f"sample {self.ids[pos]!r} of {prepared_dir} has token ids outside the servers' "
-                                f"vocabulary of {self.meta.vocab_size}; prepare it for the servers' model")  # fmt: skip
+                raise DataError(
+                    f"sample {self.ids[pos]!r} of {prepared_dir} has token ids outside the servers' "
+                    f"vocabulary of {self.meta.vocab_size}; prepare it for the servers' model"
+                )
         self._position = {sample_id: pos for pos, sample_id in enumerate(self.ids)}
         self.split = split_ids(self.ids, heldout_fraction, str(prepared_dir))
         self.bytes_per_token = bytes_per_token(self.meta)  # L * H * 2
@@ -249,8 +266,9 @@ class StreamedData(SampleTable):
     def _fetch_positions(self, positions: list[int], worker: int) -> Iterator[tuple[int, ExtractedSample]]:
         if not positions:
             return
-        requests = [PreparedSample(self.ids[p], self._input_ids[p].tolist(), self._loss_mask[p].tolist())
-                    for p in positions]  # fmt: skip
+        requests = [
+            PreparedSample(self.ids[p], self._input_ids[p].tolist(), self._loss_mask[p].tolist()) for p in positions
+        ]
         for sample in self.source.fetch(requests, worker):
             pos = self._position.get(sample.sample_id, -1)
             if pos < 0:
@@ -258,8 +276,10 @@ class StreamedData(SampleTable):
             expected = self._input_ids[pos]
             shape = (int(expected.shape[0]), self.meta.n_layers_stored, self.meta.hidden_size)
             if sample.hidden_states_bf16.shape != shape or not np.array_equal(sample.input_ids, expected):
-                raise DataError(f"sample {sample.sample_id!r}: the server sent states {sample.hidden_states_bf16.shape}"
-                                f" for other tokens than asked (expected {shape})")  # fmt: skip
+                raise DataError(
+                    f"sample {sample.sample_id!r}: the server sent states {sample.hidden_states_bf16.shape}"
+                    f" for other tokens than asked (expected {shape})"
+                )
             yield pos, sample
 
 
@@ -267,14 +287,23 @@ def training_data(cfg: TrainConfig, source: FeatureSource | None) -> SampleTable
     """The trainer's data: a features directory (``cfg.features``), or ``cfg.prepared`` streamed from ``source``."""
     if source is None:
         if not cfg.features:
-            raise ConfigError("features is not set: give a features directory (--features), or a prepared "
-                              "dataset (--prepared) and the servers to stream it from (--server)")  # fmt: skip
+            raise ConfigError(
+                "features is not set: give a features directory (--features), or a prepared "
+                "dataset (--prepared) and the servers to stream it from (--server)"
+            )
         return FeaturesData(cfg.features, heldout_fraction=cfg.heldout_fraction)
     if not cfg.prepared:
         raise ConfigError("streaming from servers needs the prepared dataset (--prepared, config key prepared)")
     if cfg.features_cache and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("features_cache (hybrid) under torchrun: one features directory takes one writer; stream "
-                          "without it (consume once), or fill it first (one process, or eagle3 extract)")  # fmt: skip
-    return StreamedData(cfg.prepared, source, heldout_fraction=cfg.heldout_fraction,
-                        features_cache=cfg.features_cache or None, max_batch_tokens=cfg.max_batch_tokens,
-                        prefetch_micro_batches=cfg.prefetch_micro_batches)  # fmt: skip
+        raise ConfigError(
+            "features_cache (hybrid) under torchrun: one features directory takes one writer; stream "
+            "without it (consume once), or fill it first (one process, or eagle3 extract)"
+        )
+    return StreamedData(
+        cfg.prepared,
+        source,
+        heldout_fraction=cfg.heldout_fraction,
+        features_cache=cfg.features_cache or None,
+        max_batch_tokens=cfg.max_batch_tokens,
+        prefetch_micro_batches=cfg.prefetch_micro_batches,
+    )

@@ -158,8 +158,9 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.micro_per_step = self.world * cfg.grad_accum_steps
-        first = self.data.plan(self.data.split.train, cfg.max_batch_tokens, seed=cfg.seed, epoch=0,
-                               truncate=cfg.truncate)  # fmt: skip
+        first = self.data.plan(
+            self.data.split.train, cfg.max_batch_tokens, seed=cfg.seed, epoch=0, truncate=cfg.truncate
+        )
         self.steps_per_epoch = len(first) // self.micro_per_step
         if self.steps_per_epoch == 0:
             raise DataError(
@@ -175,14 +176,26 @@ class Trainer:
 
     def plan(self, epoch: int) -> list[list[int]]:
         if epoch not in self._plans:
-            self._plans = {epoch: self.data.plan(self.data.split.train, self.cfg.max_batch_tokens, seed=self.cfg.seed,
-                                                 epoch=epoch, truncate=self.cfg.truncate)}  # fmt: skip
+            self._plans = {
+                epoch: self.data.plan(
+                    self.data.split.train,
+                    self.cfg.max_batch_tokens,
+                    seed=self.cfg.seed,
+                    epoch=epoch,
+                    truncate=self.cfg.truncate,
+                )
+            }
         return self._plans[epoch]
 
     def state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": rng_state(self.device),
-                "config": json.loads(self.cfg.to_json())}  # fmt: skip
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": rng_state(self.device),
+            "config": json.loads(self.cfg.to_json()),
+        }
 
     def resume(self) -> bool:
         state = load_checkpoint(self.run_dir)  # CPU tensors; loading copies them to the model's device
@@ -237,8 +250,16 @@ class Trainer:
         for batch, pos in zip(batches, positions, strict=True):
             in_vocab = self.in_vocab(pos, batch)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, cfg.step_decay, counts, in_vocab,
-                                     attention=cfg.attention)  # fmt: skip
+                result = ttt_forward(
+                    self.model,
+                    self.teacher,
+                    batch,
+                    cfg.ttt_steps,
+                    cfg.step_decay,
+                    counts,
+                    in_vocab,
+                    attention=cfg.attention,
+                )
             result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
@@ -255,9 +276,18 @@ class Trainer:
         self.step += 1
         n_tokens = _all_reduce(torch.tensor(float(sum(b.n_tokens for b in batches)), device=device), self.world)
         acc = (stats[1] / stats[2].clamp(min=1)).tolist()
-        return {"step": self.step, "loss": float(loss_total), "acc": acc, "sim_accept": simulated_acceptance(acc),
-                "ce": (stats[0] / stats[2].clamp(min=1)).tolist(), "lr": lr, "grad_norm": float(grad_norm),
-                "tokens": int(n_tokens), "data_s": data_s, "step_s": time.perf_counter() - started}  # fmt: skip
+        return {
+            "step": self.step,
+            "loss": float(loss_total),
+            "acc": acc,
+            "sim_accept": simulated_acceptance(acc),
+            "ce": (stats[0] / stats[2].clamp(min=1)).tolist(),
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens": int(n_tokens),
+            "data_s": data_s,
+            "step_s": time.perf_counter() - started,
+        }
 
     @torch.no_grad()
     def evaluate_heldout(self) -> dict[str, Any]:
@@ -272,14 +302,18 @@ class Trainer:
         cfg = self.cfg
         stats = torch.zeros(3, cfg.ttt_steps, device=self.device)
         rounds = RoundCounts(cfg.ttt_steps)
-        plan = self.data.plan(self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False,
-                              truncate=True)  # fmt: skip
+        plan = self.data.plan(
+            self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False, truncate=True
+        )
         for positions in plan[self.rank :: self.world]:
             batch = self.data.load(positions, cfg.max_batch_tokens).to(self.device)
             result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, attention=cfg.attention)
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
-            rounds.merge(simulate_rounds(torch.stack(result.hits).cpu(), batch.loss_mask.cpu(), batch.seg_start.cpu(),
-                                         batch.seg_end.cpu()))  # fmt: skip
+            rounds.merge(
+                simulate_rounds(
+                    torch.stack(result.hits).cpu(), batch.loss_mask.cpu(), batch.seg_start.cpu(), batch.seg_end.cpu()
+                )
+            )
         _all_reduce(stats, self.world)
         round_sums = rounds.as_tensor().to(self.device)
         _all_reduce(round_sums, self.world)
@@ -287,11 +321,17 @@ class Trainer:
         acc = (stats[1] / stats[2].clamp(min=1)).tolist()
         # heldout_tau: the online round walk replayed (draft_trainer.rounds), the figure to compare with
         # `eagle3 eval`'s tau; heldout_sim_accept multiplies per-token accuracies (an overestimate, kept for logs)
-        return {"heldout_acc": acc, "heldout_sim_accept": simulated_acceptance(acc), "heldout_terms": stats[2].tolist(),
-                "heldout_ce": (stats[0] / stats[2].clamp(min=1)).tolist(), "heldout_tau": rounds.tau,
-                "heldout_accepted_per_position": rounds.accepted_per_position,
-                "heldout_rounds": rounds.rounds, "heldout_samples": len(self.data.split.heldout),
-                "heldout_extra_replies_left_out": self.data.split.n_dropped}  # fmt: skip
+        return {
+            "heldout_acc": acc,
+            "heldout_sim_accept": simulated_acceptance(acc),
+            "heldout_terms": stats[2].tolist(),
+            "heldout_ce": (stats[0] / stats[2].clamp(min=1)).tolist(),
+            "heldout_tau": rounds.tau,
+            "heldout_accepted_per_position": rounds.accepted_per_position,
+            "heldout_rounds": rounds.rounds,
+            "heldout_samples": len(self.data.split.heldout),
+            "heldout_extra_replies_left_out": self.data.split.n_dropped,
+        }
 
 
 def _log(path: Path, record: dict[str, Any]) -> None:

@@ -65,8 +65,9 @@ class SampleLayout:
         return cls(seg_start, n_heads, blocks)
 
 
-def dense_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                        seg_start: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def dense_ttt_attention(
+    q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], seg_start: torch.Tensor
+) -> torch.Tensor:
     """The pre-blockwise implementation, verbatim: q [T, nh, d], keys/values k+1 x [T, nh, d] -> [T, nh, d].
 
     Memory ``O(nh * T^2)`` per step, kept for backward: the reference, not for training at scale."""
@@ -86,8 +87,9 @@ def dense_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     return out + sum(p_diag[..., j - 1, None] * values[j] for j in range(1, k + 1))
 
 
-def _block_scores(q: torch.Tensor, k0: torch.Tensor, seg: torch.Tensor, a: int, b: int, lo: int,
-                  scale: float) -> torch.Tensor:  # fmt: skip
+def _block_scores(
+    q: torch.Tensor, k0: torch.Tensor, seg: torch.Tensor, a: int, b: int, lo: int, scale: float
+) -> torch.Tensor:
     """[nh, b-a, b-lo] fp32 scores of query rows a..b over key rows lo..b, -inf where not visible."""
     s = torch.einsum("qhd,khd->hqk", q[a:b], k0[lo:b]).float() * scale
     keys = torch.arange(lo, b, device=q.device)  # [S]
@@ -170,8 +172,9 @@ def sample_causal_block_mask(seg_start: torch.Tensor, padded: int) -> Any:
         index = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
         return count, index[None, None]  # [1, 1, nb, nb]
 
-    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=FLEX_BLOCK,
-                                    mask_mod=sample_causal, seq_lengths=(padded, padded))  # fmt: skip
+    return BlockMask.from_kv_blocks(
+        *ordered(partial), *ordered(full), BLOCK_SIZE=FLEX_BLOCK, mask_mod=sample_causal, seq_lengths=(padded, padded)
+    )
 
 
 def _flex_step0(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, layout: SampleLayout) -> tuple[torch.Tensor, ...]:
@@ -186,8 +189,14 @@ def _flex_step0(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, layout: Sam
     def heads_first(x: torch.Tensor) -> torch.Tensor:  # [T, nh, d] -> [1, nh, Tp, d]
         return torch.nn.functional.pad(x, (0, 0, 0, 0, 0, padded - n)).permute(1, 0, 2)[None]
 
-    out, aux = _flex_kernel(q.device)(heads_first(q), heads_first(k0), heads_first(v0), block_mask=layout._flex_mask,
-                                scale=q.shape[-1] ** -0.5, return_aux=AuxRequest(lse=True))  # fmt: skip
+    out, aux = _flex_kernel(q.device)(
+        heads_first(q),
+        heads_first(k0),
+        heads_first(v0),
+        block_mask=layout._flex_mask,
+        scale=q.shape[-1] ** -0.5,
+        return_aux=AuxRequest(lse=True),
+    )
     return out[0].permute(1, 0, 2)[:n], aux.lse[0].T[:n].float()  # [T, nh, d], [T, nh]
 
 
@@ -237,8 +246,13 @@ class TTTAttention:
         return ttt_attention(q, self.keys, self.values, self.layout, self.implementation)  # [T, nh, d]
 
 
-def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], layout: SampleLayout,
-                  implementation: str = "auto") -> torch.Tensor:  # fmt: skip
+def ttt_attention(
+    q: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    layout: SampleLayout,
+    implementation: str = "auto",
+) -> torch.Tensor:
     """q [T, nh, d]; keys/values: step 0..k, each [T, nh, d] -> [T, nh, d] (see the module docstring)."""
     impl = resolve_implementation(implementation, q.device)
     if impl == "dense":

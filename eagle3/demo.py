@@ -56,8 +56,14 @@ SELF_INSTRUCT_MAX_TOKENS = 24  # a self-instruct user turn: chatterbot's are ~8 
 # this CPU"). Training is fp32 unless --bf16 (autocast, 1.2x faster here; make demo-full sets it: at 18
 # epochs bf16 and fp32 drafts scored alike, docs/training.md).
 DEMO_HELDOUT_FRACTION = 0.05  # the trainer's hash split, which eval's prompts come from
-DEMO_TRAIN: dict[str, object] = {"ttt_steps": 4, "max_batch_tokens": 512, "lr": 2e-3, "torch_threads": 2,
-                                 "heldout_fraction": DEMO_HELDOUT_FRACTION, "attention": "dense"}  # fmt: skip
+DEMO_TRAIN: dict[str, object] = {
+    "ttt_steps": 4,
+    "max_batch_tokens": 512,
+    "lr": 2e-3,
+    "torch_threads": 2,
+    "heldout_fraction": DEMO_HELDOUT_FRACTION,
+    "attention": "dense",
+}
 # Speculative round cost in verifier decode forwards (bench/round_cost.py; docs/performance.md "Speculative
 # round cost"): a 5-token verify of the 135M verifier costs 2.2x a 1-token forward on this project's CPU (fp32,
 # 1 thread, compute-bound); on one H200 (bf16, Llama-3.1-8B shape, eager transformers, context 256) 1.13x,
@@ -92,9 +98,14 @@ def add_demo_command(sub: Any) -> None:
     add_model_argument(p, default=DEFAULT_MODEL)
     p.add_argument("--samples", type=positive_int, default=640, help="prompts distilled and trained on (default 640)")
     p.add_argument("--epochs", type=positive_int, default=8, help="training epochs (default 8)")
-    p.add_argument("--sampled-replies", type=non_negative_int, default=0, metavar="N",
-                   help="besides each prompt's greedy reply, N more sampled at T 0.8 and trained on (eagle3 distill "
-                   "--sampled-replies; default 0; make demo-full uses 3)")  # fmt: skip
+    p.add_argument(
+        "--sampled-replies",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="besides each prompt's greedy reply, N more sampled at T 0.8 and trained on (eagle3 distill "
+        "--sampled-replies; default 0; make demo-full uses 3)",
+    )
     p.add_argument(
         "--self-instruct",
         type=non_negative_int,
@@ -106,12 +117,19 @@ def add_demo_command(sub: Any) -> None:
     p.add_argument("--bf16", action="store_true", help="train under bf16 autocast (1.2x faster on this CPU)")
     p.add_argument("--draft-vocab-size", type=positive_int, default=8192, help="K (default 8192)")
     p.add_argument("-k", type=positive_int, default=4, help="draft tokens per round in eval (default 4)")
-    p.add_argument("--eval-prompts", type=positive_int, default=40,
-                   help="held-out-split prompts in eval (default 40: all of them at 640 samples)")  # fmt: skip
+    p.add_argument(
+        "--eval-prompts",
+        type=positive_int,
+        default=40,
+        help="held-out-split prompts in eval (default 40: all of them at 640 samples)",
+    )
     p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="hf", help="the server's backend (default hf)")
-    p.add_argument("--extract-first", action="store_true",
-                   help="extract every sample to the features directory, then train on it (the offline path); "
-                   "default: train from the server while it extracts, filling the same directory (hybrid)")  # fmt: skip
+    p.add_argument(
+        "--extract-first",
+        action="store_true",
+        help="extract every sample to the features directory, then train on it (the offline path); "
+        "default: train from the server while it extracts, filling the same directory (hybrid)",
+    )
     p.set_defaults(func=run_demo)
 
 
@@ -125,10 +143,13 @@ def add_self_instruct(out: Path, distilled: Path, server_url: str, n_prompts: in
     si_prompts, si_distilled = out / "self-instruct", out / "self-instruct-distilled"
     with ExtractionClient(server_url) as client:
         result = self_instruct(client, distilled, si_prompts, config, DEMO_HELDOUT_FRACTION)
-    print(f"  self-instruct: {len(result.texts)} prompts written by the verifier ({result.n_openers} openers) in "
-          f"{time.monotonic() - started:.0f} s -> {si_prompts}")  # fmt: skip
-    greedy = DistillConfig(max_samples=n_prompts, max_new_tokens=DISTILL_NEW_TOKENS,
-                           prompts_per_request=DISTILL_PROMPTS_PER_REQUEST)  # fmt: skip
+    print(
+        f"  self-instruct: {len(result.texts)} prompts written by the verifier ({result.n_openers} openers) in "
+        f"{time.monotonic() - started:.0f} s -> {si_prompts}"
+    )
+    greedy = DistillConfig(
+        max_samples=n_prompts, max_new_tokens=DISTILL_NEW_TOKENS, prompts_per_request=DISTILL_PROMPTS_PER_REQUEST
+    )
     print(distill_dataset(si_prompts, si_distilled, server_url, config=greedy).format_text())
     train_data = out / "train-data"
     n_samples = concat_prepared([distilled, si_distilled], train_data)
@@ -162,13 +183,19 @@ def run_demo(args: argparse.Namespace) -> int:
     server_args = ["--model", args.model, "--backend", args.backend, "--dtype", DEMO_SERVER_DTYPE]
     with LocalServer(server_args, log_path) as server:  # the one load of the verifier
         extra = f" (+ {args.sampled_replies} sampled at T 0.8 each)" if args.sampled_replies else ""
-        step(3, f"eagle3 serve --backend {args.backend}, then distill: the verifier's greedy replies to "
-                f"{args.samples} prompts{extra} through POST /v1/generate -> {distilled}")  # fmt: skip
+        step(
+            3,
+            f"eagle3 serve --backend {args.backend}, then distill: the verifier's greedy replies to "
+            f"{args.samples} prompts{extra} through POST /v1/generate -> {distilled}",
+        )
         server.wait_ready(timeout_s=1800, on_phase=lambda phase: print(f"  server: {phase}"))
         print(f"  server ready at {server.url} (log {log_path})")
-        distill = DistillConfig(max_samples=args.samples, max_new_tokens=DISTILL_NEW_TOKENS,
-                                prompts_per_request=DISTILL_PROMPTS_PER_REQUEST,
-                                sampled_replies=args.sampled_replies)  # fmt: skip
+        distill = DistillConfig(
+            max_samples=args.samples,
+            max_new_tokens=DISTILL_NEW_TOKENS,
+            prompts_per_request=DISTILL_PROMPTS_PER_REQUEST,
+            sampled_replies=args.sampled_replies,
+        )
         print(distill_dataset(prepared, distilled, server.url, config=distill).format_text())
         train_data = distilled
         if args.self_instruct:
@@ -176,23 +203,34 @@ def run_demo(args: argparse.Namespace) -> int:
         step(4, f"vocab -> {vocab_dir}")
         print(format_vocab_stats(make_vocab(train_data, vocab_dir, args.draft_vocab_size)))
         run_dir = out / "run"
-        overrides = {"vocab": str(vocab_dir), "model": args.model, "out": str(run_dir), "epochs": args.epochs,
-                     "autocast_bf16": args.bf16, **DEMO_TRAIN}  # fmt: skip
+        overrides = {
+            "vocab": str(vocab_dir),
+            "model": args.model,
+            "out": str(run_dir),
+            "epochs": args.epochs,
+            "autocast_bf16": args.bf16,
+            **DEMO_TRAIN,
+        }
         if args.extract_first:
             step(5, f"extract {train_data} -> {features} over HTTP from the same server")
             print(extract_dataset(train_data, features, server.url, config=ExtractConfig(progress=None)).format_text())
             step(6, f"train on {features} -> {run_dir}")
             result = train(load_config(None, dict(overrides, features=str(features))))
         else:  # hybrid: the first epoch streams from the server and fills the features directory, later ones read it
-            step(5, f"the features of {train_data} stream from the same server while the draft trains; the first "
-                    f"epoch writes them to {features}, later epochs read them there")  # fmt: skip
+            step(
+                5,
+                f"the features of {train_data} stream from the same server while the draft trains; the first "
+                f"epoch writes them to {features}, later epochs read them there",
+            )
             step(6, f"train -> {run_dir}")
             cfg = load_config(None, dict(overrides, prepared=str(train_data), features_cache=str(features)))
             result = train_from_servers(cfg, [server.url])
     if result.stopped_early:  # a scheduler's SIGTERM: the checkpoint is saved; a partial draft is not the demo's
-        print(f"  stopped by SIGTERM at step {result.steps}: checkpoint saved in {run_dir}; nothing exported or "
-              "evaluated. Rerun the same command to resume (prepare/vocab redone, distill and extract kept, "
-              "training resumed exactly).")  # fmt: skip
+        print(
+            f"  stopped by SIGTERM at step {result.steps}: checkpoint saved in {run_dir}; nothing exported or "
+            "evaluated. Rerun the same command to resume (prepare/vocab redone, distill and extract kept, "
+            "training resumed exactly)."
+        )
         return EXIT_STOPPED
     accs = "  ".join(f"{100 * a:.1f}%" for a in result.heldout.get("heldout_acc", []))
     print(
@@ -210,10 +248,21 @@ def run_demo(args: argparse.Namespace) -> int:
     except DataError:  # a small --samples can leave the hash split empty
         print("  the held-out split holds no prompt: evaluating on prompts absent from the features instead")
         fraction = None
-    report = evaluate(export_dir, prepared=prepared, features=features, model=args.model, k=args.k,
-                      n_prompts=args.eval_prompts, threads=2, heldout_fraction=fraction)  # fmt: skip
+    report = evaluate(
+        export_dir,
+        prepared=prepared,
+        features=features,
+        model=args.model,
+        k=args.k,
+        n_prompts=args.eval_prompts,
+        threads=2,
+        heldout_fraction=fraction,
+    )
     print(report.format_text())
-    print(speedup_note(report.tau, report.k, report.rounds, report.generated_tokens, report.speculative_s,
-                       report.baseline_s))  # fmt: skip
+    print(
+        speedup_note(
+            report.tau, report.k, report.rounds, report.generated_tokens, report.speculative_s, report.baseline_s
+        )
+    )
     print(f"demo finished in {time.monotonic() - started:.0f} s; outputs under {out}")
     return 0 if report.identical else 1

@@ -79,8 +79,13 @@ class LocalServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,  # noqa: S603
-                                        preexec_fn=die_with_parent)  # fmt: skip
+        self.process = subprocess.Popen(  # noqa: S603 (our own command line)
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
         return self
 
     def log_tail(self, n_chars: int = 4000) -> str:

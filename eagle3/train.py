@@ -23,15 +23,22 @@ from typing import Any
 from eagle3.client.train_source import DEFAULT_TRAIN_MAX_RETRIES, ServerSource
 
 
-def train_from_servers(cfg: Any, urls: str | Sequence[str], api_key: str | None = None, *,
-                       requests_per_server: int = 2, max_retries: int = DEFAULT_TRAIN_MAX_RETRIES,
-                       wait_ready_s: float = 0.0) -> Any:  # fmt: skip
+def train_from_servers(
+    cfg: Any,
+    urls: str | Sequence[str],
+    api_key: str | None = None,
+    *,
+    requests_per_server: int = 2,
+    max_retries: int = DEFAULT_TRAIN_MAX_RETRIES,
+    wait_ready_s: float = 0.0,
+) -> Any:
     """Train ``cfg`` (a ``TrainConfig`` with ``prepared`` set, ``features`` empty; ``features_cache`` for
     the hybrid mode) on features streamed from ``urls``; returns ``draft_trainer.train.RunResult``."""
     from eagle3.draft_trainer.train import train
 
-    source = ServerSource(urls, api_key, requests_per_server=requests_per_server, max_retries=max_retries,
-                          wait_ready_s=wait_ready_s)  # fmt: skip
+    source = ServerSource(
+        urls, api_key, requests_per_server=requests_per_server, max_retries=max_retries, wait_ready_s=wait_ready_s
+    )
     return train(cfg, source)
 
 

@@ -40,8 +40,9 @@ class ServerSettings:
     of the ``--config`` file (``eagle3.core.knobs`` derives all three from these fields)."""
 
     # the verifier
-    model: str | None = knob(None, f"the verifier, required unless --backend synthetic: {MODEL_CHOICES_TEXT}",
-                             metavar="MODEL")  # fmt: skip
+    model: str | None = knob(
+        None, f"the verifier, required unless --backend synthetic: {MODEL_CHOICES_TEXT}", metavar="MODEL"
+    )
     backend: str = knob(
         "auto",
         "auto: vllm if importable, else hf; synthetic: no model, deterministic random "
@@ -60,8 +61,9 @@ class ServerSettings:
     kv_cache_gib: float | None = knob(None, "vllm: KV cache size in GiB (CPU default 2)")
     gpu_memory_utilization: float | None = knob(None, "vllm on CUDA: share of GPU memory (vLLM's default 0.9)")
     vllm_compile: bool = knob(False, "vllm: torch.compile + CUDA graphs instead of eager mode")
-    engine_arg: tuple[str, ...] = knob((), "vllm: any vllm EngineArgs field, KEY=VALUE (JSON value), repeatable",
-                                       repeat=True, metavar="KEY=VALUE")  # fmt: skip
+    engine_arg: tuple[str, ...] = knob(
+        (), "vllm: any vllm EngineArgs field, KEY=VALUE (JSON value), repeatable", repeat=True, metavar="KEY=VALUE"
+    )
     engine_args_json: str | None = knob(None, "vllm: a JSON object of EngineArgs fields (--engine-arg wins)")
     # scheduling and limits
     max_batch_tokens: int = knob(8192, "tokens per forward pass")
@@ -69,11 +71,18 @@ class ServerSettings:
     max_tenant_inflight_tokens: int = knob(1 << 19, "the same per tenant (over: 429)")
     max_request_tokens: int = knob(1 << 18, "tokens in one request (over: 400)")
     max_body_bytes: int = knob(64 << 20, "largest request body in MiB (over: 413)", flag="--max-body-mb", scale=2**20)
-    max_payload_bytes: int = knob(64 << 20, "raw MiB per DATA frame; longer samples are split by token range",
-                                  flag="--max-payload-mb", scale=2**20)  # fmt: skip
-    request_buffer_bytes: int = knob(256 << 20, "MiB of states one request may hold computed but unsent "
-                                     "(a slow reader pauses only itself)",
-                                     flag="--request-buffer-mb", scale=2**20)  # fmt: skip
+    max_payload_bytes: int = knob(
+        64 << 20,
+        "raw MiB per DATA frame; longer samples are split by token range",
+        flag="--max-payload-mb",
+        scale=2**20,
+    )
+    request_buffer_bytes: int = knob(
+        256 << 20,
+        "MiB of states one request may hold computed but unsent (a slow reader pauses only itself)",
+        flag="--request-buffer-mb",
+        scale=2**20,
+    )
     default_codec: str = knob(
         "auto",
         "payload codec when a request names none; auto: none to a client on this "
@@ -84,33 +93,63 @@ class ServerSettings:
     encoder_threads: int | None = knob(None, "threads that encode frames; default one per CPU core")
     stream_chunk_bytes: int = knob(2 << 20, "MiB per HTTP body write", flag="--stream-chunk-mb", scale=2**20)
     # feature cache (server/feature_cache.py) and the interactive lane (server/lanes.py)
-    cache_memory_bytes: int = knob(1 << 30, "MiB of extracted samples kept in memory for repeats (0: no memory tier)",
-                                   flag="--cache-memory-mb", scale=2**20)  # fmt: skip
+    cache_memory_bytes: int = knob(
+        1 << 30,
+        "MiB of extracted samples kept in memory for repeats (0: no memory tier)",
+        flag="--cache-memory-mb",
+        scale=2**20,
+    )
     # --feature-cache-dir / EAGLE3_FEATURE_CACHE_DIR: not EAGLE3_CACHE_DIR, which is the model cache's root only
-    cache_dir: str | None = knob(None, "directory of the feature cache's disk tier (survives restarts; may be "
-                                 "shared by several servers)", flag="--feature-cache-dir")  # fmt: skip
-    cache_disk_bytes: int = knob(16 << 30, "GiB the disk tier may hold (least recently used entries go first)",
-                                 flag="--cache-gb", scale=2**30)  # fmt: skip
-    cache_scope: str = knob("shared", "shared: one cache for every tenant (a hit, and its latency, tells any "
-                            "tenant that someone extracted that text); tenant: each tenant hits only its own "
-                            "entries (docs/reliability.md, Isolation)", choices=("shared", "tenant"))  # fmt: skip
-    interactive_max_tokens: int = knob(2048, "requests of at most this many tokens go to the interactive lane, "
-                                       "a forward pass of their own ahead of bulk work (0: no lane)")  # fmt: skip
+    cache_dir: str | None = knob(
+        None,
+        "directory of the feature cache's disk tier (survives restarts; may be shared by several servers)",
+        flag="--feature-cache-dir",
+    )
+    cache_disk_bytes: int = knob(
+        16 << 30, "GiB the disk tier may hold (least recently used entries go first)", flag="--cache-gb", scale=2**30
+    )
+    cache_scope: str = knob(
+        "shared",
+        "shared: one cache for every tenant (a hit, and its latency, tells any "
+        "tenant that someone extracted that text); tenant: each tenant hits only its own "
+        "entries (docs/reliability.md, Isolation)",
+        choices=("shared", "tenant"),
+    )
+    interactive_max_tokens: int = knob(
+        2048,
+        "requests of at most this many tokens go to the interactive lane, "
+        "a forward pass of their own ahead of bulk work (0: no lane)",
+    )
     # synthetic backend (benchmarks and tests only)
     synthetic_hidden_size: int = knob(4096, "synthetic backend: the states' hidden size")
-    synthetic_num_hidden_layers: int = knob(32, "synthetic backend: N (aux ids default to 2, N//2, N-3)",
-                                            flag="--synthetic-num-layers")  # fmt: skip
-    synthetic_tokens_per_s: float | None = knob(None, "synthetic backend: a simulated forward pass of this many "
-                                                "tokens per second (default: memory speed)")  # fmt: skip
+    synthetic_num_hidden_layers: int = knob(
+        32, "synthetic backend: N (aux ids default to 2, N//2, N-3)", flag="--synthetic-num-layers"
+    )
+    synthetic_tokens_per_s: float | None = knob(
+        None, "synthetic backend: a simulated forward pass of this many tokens per second (default: memory speed)"
+    )
     # network, keys, lifecycle
     host: str = knob("127.0.0.1", "address to bind")
     port: int = knob(8000, "0 picks a free port (printed on stderr)")
-    api_key: tuple[str, ...] = field(default=(), repr=False, metadata={"knob": Knob(
-        "an API key (tenants key-1, key-2, ...), repeatable; prefer EAGLE3_API_KEY or a keys file: flags show in ps",
-        repeat=True, secret=True, metavar="KEY")})  # fmt: skip
+    api_key: tuple[str, ...] = field(
+        default=(),
+        repr=False,
+        metadata={
+            "knob": Knob(
+                "an API key (tenants key-1, key-2, ...), repeatable; prefer EAGLE3_API_KEY or a keys file: "
+                "flags show in ps",
+                repeat=True,
+                secret=True,
+                metavar="KEY",
+            )
+        },
+    )
     api_keys_file: str | None = knob(None, "lines 'tenant: key' or a JSON object {tenant: key}")
-    header_timeout_s: float = knob(10.0, "seconds a client may take to send a request's headers (then the "
-                                   "connection is closed; slow-header clients hold no socket longer)")  # fmt: skip
+    header_timeout_s: float = knob(
+        10.0,
+        "seconds a client may take to send a request's headers (then the "
+        "connection is closed; slow-header clients hold no socket longer)",
+    )
     drain_timeout_s: float = knob(30.0, "seconds open streams get to finish after SIGTERM")
     body_timeout_s: float = knob(30.0, "seconds the whole request body may take to arrive (else 408)")
     max_tenant_connections: int = knob(64, "open extract requests per tenant, streams included (else 429)")
@@ -118,17 +157,28 @@ class ServerSettings:
     log_level: str = knob("info", "server log level", choices=("debug", "info", "warning", "error"))
     log_format: str = knob("text", "log lines as text, or one JSON object per line (k8s)", choices=("text", "json"))
     # who may see what without a key
-    allow_anonymous: bool = knob(False, "serve without API keys on a non-loopback --host (anyone who reaches "
-                                 "the port can extract)")  # fmt: skip
+    allow_anonymous: bool = knob(
+        False, "serve without API keys on a non-loopback --host (anyone who reaches the port can extract)"
+    )
     public_metrics: bool = knob(False, "serve /metrics without an API key (a Prometheus scraper is not a tenant)")
-    public_status: bool = knob(False, "serve the status page (/ and /v1/status) without an API key: every "
-                               "tenant's rows, error messages and request ids redacted")  # fmt: skip
+    public_status: bool = knob(
+        False,
+        "serve the status page (/ and /v1/status) without an API key: every "
+        "tenant's rows, error messages and request ids redacted",
+    )
     public_openapi: bool = knob(False, "serve /openapi.json without an API key")
-    admin_tenant: tuple[str, ...] = knob((), "a tenant of the keys whose key sees every tenant's rows, errors and the "
-                                         "cache counters (other keys see their own tenant's), repeatable",
-                                         repeat=True, metavar="TENANT")  # fmt: skip
-    max_anonymous_tenants: int = knob(64, "without keys: distinct X-Eagle3-Tenant names kept (the least recently "
-                                      "seen idle one is forgotten; all busy: 429)")  # fmt: skip
+    admin_tenant: tuple[str, ...] = knob(
+        (),
+        "a tenant of the keys whose key sees every tenant's rows, errors and the "
+        "cache counters (other keys see their own tenant's), repeatable",
+        repeat=True,
+        metavar="TENANT",
+    )
+    max_anonymous_tenants: int = knob(
+        64,
+        "without keys: distinct X-Eagle3-Tenant names kept (the least recently "
+        "seen idle one is forgotten; all busy: 429)",
+    )
     # $EAGLE3_API_KEYS: the keys file's text itself (keeps keys out of ps and off disk); not a flag
     api_keys_text: str | None = field(default=None, repr=False)
     # derived: key -> tenant, from api_key, api_keys_file and api_keys_text (or given directly)

@@ -73,7 +73,7 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...], tuple[str, ...]]] = {
         "Admission to the request's first sample entering a forward pass",
         WAIT_BUCKETS_S,
         (),
-    ),  # fmt: skip
+    ),
     "eagle3_time_to_first_sample_seconds": (
         "Admission to the request's first sample streamed, per lane (interactive: requests of at most "
         "--interactive-max-tokens tokens; bulk: the rest)",

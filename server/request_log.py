@@ -59,8 +59,13 @@ def log_api_call(method: str, path: str, status: int, duration_s: float, request
     if path in QUIET_PATHS:
         return
     level = logging.DEBUG if path in SCRAPE_PATHS else logging.INFO
-    fields = {"request_id": request_id, "method": method, "path": path, "status": status,
-              "duration_s": round(duration_s, 4)}  # fmt: skip
+    fields = {
+        "request_id": request_id,
+        "method": method,
+        "path": path,
+        "status": status,
+        "duration_s": round(duration_s, 4),
+    }
     request_logger.log(level, "%s %s %d %.1f ms", method, path, status, duration_s * 1000, extra={"fields": fields})
 
 

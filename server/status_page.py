@@ -66,7 +66,7 @@ def status_data(rt: Runtime) -> dict[str, Any]:
                 "tenant": e.tenant,
                 "request_id": e.request_id,
                 "message": e.message,
-            }  # fmt: skip
+            }
             for e in reversed(m.errors)
         ],
     }
@@ -134,7 +134,7 @@ def render_status_page(data: dict[str, Any], metrics_path: str = "/metrics") -> 
             "tokens",
             "bytes sent",
             "rejections",
-        )  # fmt: skip
+        )
     )
     tenant_rows = []
     for t in data["tenants"]:

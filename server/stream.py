@@ -269,8 +269,12 @@ class ExtractStream:
             self.counts["n_failed"] += 1
             self.metrics.inc("eagle3_samples_total", tenant=self.req.tenant, outcome="failed")
             error = result.error or {}
-            self.metrics.note_error(str(error.get("type", "sample_error")), self.req.tenant, self.req.request_id,
-                                    f"sample {result.sample.sample_id!r}: {error.get('message', '')}")  # fmt: skip
+            self.metrics.note_error(
+                str(error.get("type", "sample_error")),
+                self.req.tenant,
+                self.req.request_id,
+                f"sample {result.sample.sample_id!r}: {error.get('message', '')}",
+            )
         self.counts["payload_bytes"] += encoded.wire_bytes
         self.counts["raw_bytes"] += encoded.raw_bytes
         self.metrics.inc("eagle3_stream_bytes_total", encoded.wire_bytes, tenant=self.req.tenant, kind="wire")

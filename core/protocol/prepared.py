@@ -186,8 +186,9 @@ def iter_prepared(prepared_dir: str | Path, *, vocab_size: int | None = None) ->
             yield sample
 
 
-def write_prepared(out_dir: str | Path, samples: Iterable[PreparedSample], meta: PreparedMeta,
-                   stats: dict[str, Any]) -> int:  # fmt: skip
+def write_prepared(
+    out_dir: str | Path, samples: Iterable[PreparedSample], meta: PreparedMeta, stats: dict[str, Any]
+) -> int:
     """Write a prepared directory from ``samples``; returns how many. Crash-safe in this order: the
     samples go to ``samples.jsonl.partial`` (fsynced), then ``meta.json`` (``max_length`` set to the
     longest sample) and ``stats.json``, and only then is the partial file renamed. An older

@@ -115,8 +115,9 @@ class HfBackend:
             ckpt = open_checkpoint(self.config, progress)
             progress("loading weights", 0.1)
             placement = {"device_map": device} if device != "cpu" else {}
-            causal = load_language_model(ckpt.model_dir, DTYPES[self.config.dtype], self.config.trust_remote_code,
-                                         placement)  # fmt: skip
+            causal = load_language_model(
+                ckpt.model_dir, DTYPES[self.config.dtype], self.config.trust_remote_code, placement
+            )
             self.lm_model = causal.to(device).eval().requires_grad_(False)
             self.can_generate = True
             model = text_decoder(causal)  # the same modules: extraction never runs the lm_head

