@@ -23,7 +23,6 @@ import httpx
 from eagle3.client.errors import APIConnectionError, IncompatibleError, NoServerAvailableError, SampleFailedError
 from eagle3.client.extract import check_prepared, features_meta
 from eagle3.client.sdk import DEFAULT_TIMEOUT_S, ExtractionClient
-from eagle3.core.features_writer import IDENTITY_FIELDS
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedSample, read_meta
 from eagle3.core.protocol.wire import ServerInfo
@@ -86,13 +85,12 @@ class ServerSource:
                     logger.warning("%s does not answer (%s); its requests go to the other servers", url, exc)
                     continue
             check_prepared(prepared, info, prepared_dir)
-            if infos:
-                for name in IDENTITY_FIELDS:
-                    if getattr(info, name) != getattr(infos[0], name):
-                        raise IncompatibleError(
-                            f"{info.url} serves {name}={getattr(info, name)!r} but {infos[0].url} serves "
-                            f"{getattr(infos[0], name)!r}: every --server must serve the same verifier and layers"
-                        )
+            difference = infos[0].identity.diff(info.identity) if infos else ""
+            if difference:  # the one model-identity comparison (core/protocol/model_identity.py)
+                raise IncompatibleError(
+                    f"{info.url} serves another model than {infos[0].url} ({difference}; {infos[0].url} -> "
+                    f"{info.url}): every --server must serve the same verifier and layers"
+                )
             infos.append(info)
         if not infos:
             raise NoServerAvailableError(f"none of {', '.join(self.urls)} answers /v1/info")
