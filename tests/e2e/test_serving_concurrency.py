@@ -90,7 +90,7 @@ def test_recycled_frame_buffers_never_change_a_sample(tmp_path: Path, monkeypatc
     """extract_dataset recycles frame buffers (client/buffer_pool.py). With a pool of a few MB, 1 MiB frames
     (samples over 512 tokens come in several frames and are filled into pooled arrays) and a shard writer a
     sample behind, buffers are reused many times: every sample is still bitwise the backend's own states."""
-    import eagle3.client.extract as extract_module
+    import eagle3.client.fetch as fetch_module  # the run's SampleFetcher makes the pool (client/fetch.py)
     from eagle3.client.buffer_pool import BufferPool
 
     pools: list[BufferPool] = []
@@ -100,7 +100,7 @@ def test_recycled_frame_buffers_never_change_a_sample(tmp_path: Path, monkeypatc
             super().__init__(max_bytes)
             pools.append(self)
 
-    monkeypatch.setattr(extract_module, "BufferPool", RecordedPool)
+    monkeypatch.setattr(fetch_module, "BufferPool", RecordedPool)
     prepared, n_samples, _ = random_prepared(tmp_path / "prepared", 30_000, p50=300)
     args = ["--backend", "synthetic", "--synthetic-hidden-size", str(HIDDEN), "--max-payload-mb", "1"]
     server = LiveServer(args, tmp_path / "server.log")
