@@ -7,7 +7,7 @@ kills its child processes and exits 1. A second SIGTERM/SIGINT at any point does
 (status 128 + signal number).
 
 A load failure that no restart can cure (a configuration error: ``Runtime.exit_status``, see
-``retry_could_cure`` in server/runtime.py) shuts the server down and exits with status 2, as ``vllm
+``retry_could_cure`` in server/load_checks.py) shuts the server down and exits with status 2, as ``vllm
 serve`` does on bad arguments; any other load failure keeps the process up, ``failed`` on /readyz.
 """
 

@@ -63,7 +63,7 @@ class BackendConfigError(BackendError):
     """A setting the backend cannot load with (an unknown ``--engine-arg``, ``--aux-layer-ids`` out of
     range, ``--max-model-len`` over the model's, a ``--device`` this build lacks): every restart with the
     same settings fails the same way, so ``eagle3 serve`` exits with status 2 instead of staying up as
-    failed (server/runtime.py ``retry_could_cure``)."""
+    failed (server/load_checks.py ``retry_could_cure``)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retryable=False)

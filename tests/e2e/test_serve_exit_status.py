@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from eagle3.server.backends import BackendConfigError, BackendError, BackendInfo
-from eagle3.server.runtime import Runtime, retry_could_cure
+from eagle3.server.load_checks import retry_could_cure
+from eagle3.server.runtime import Runtime
 from tests.e2e.live_server import REPO_ROOT, LiveServer, tiny_llama_dir
 from tests.unit.test_server_app import FakeBackend, settings
 
