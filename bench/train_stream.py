@@ -88,7 +88,7 @@ def one_run(root: Path, name: str, model: Path, prepared: Path, vocab: Path, arg
         train(cfg, ServerSource([server.url], requests_per_server=args.requests_per_server, cache="bypass"))
         wall_s = time.monotonic() - started
     records = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
-    epochs = [r for r in records if r.get("epoch_end")]
+    epochs = [r for r in records if r.get("epoch_data")]
     keep = ("epoch", "epoch_wall_s", "data_wait_share", "server_idle_share", "tokens_per_s", "fetch_tokens_per_s",
             "prefetch_bytes")  # fmt: skip
     later = epochs[1:] or epochs

@@ -95,7 +95,7 @@ class EpochReport:
         out: dict[str, Any] = {
             "step": step,
             "epoch": epoch,
-            "epoch_end": True,
+            "epoch_data": True,  # the epoch's data report (the held-out evaluation is an "epoch_end" record)
             "time": time.time(),
             "epoch_wall_s": wall_s,
             "data_wait_s": wait_s,

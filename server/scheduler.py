@@ -340,7 +340,8 @@ class Scheduler:
 
     def _run_batch(self, batch: list[tuple[Request, Unit]]) -> None:
         """Run the pass's groups (units of one ``batch_key``; rate-setting kinds, the packed extraction,
-        first); after each group, charge its units their group's time and hand out its results (an
+        first); after each group, charge its units (an extraction its tokens, other kinds their group's time in
+        tokens) and hand out its results (an
         extraction's states do not wait for a generate slice in the same pass). Unfinished units go back
         to the head of their requests' queues at the end of the pass, in their order."""
         groups: dict[Hashable, list[int]] = {}
@@ -361,7 +362,9 @@ class Scheduler:
                 computed_tokens += done
                 if units[0].sets_rate:
                     self._note_rate(done, elapsed_s)
-            cost = self.token_equivalents(elapsed_s, group_tokens)
+            # an extraction (the rate-setting kind) costs its tokens, the clock's own unit: timing it would only
+            # add noise (another process's CPU use); other kinds cost their backend time in those tokens
+            cost = float(group_tokens) if units[0].sets_rate else self.token_equivalents(elapsed_s, group_tokens)
             with self._cond:
                 for i, out in zip(at, outs, strict=True):
                     req, unit = batch[i]

@@ -150,7 +150,7 @@ def test_consume_once_and_hybrid_train_the_same_draft(
     _assert_same_run(root / "once", offline["run"])
     assert once.heldout["heldout_acc"] == pytest.approx(offline["result"].heldout["heldout_acc"], abs=1e-6)
     records = [json.loads(line) for line in (root / "once" / METRICS_FILE).read_text().splitlines()]
-    epochs = [r for r in records if r.get("epoch_end")]
+    epochs = [r for r in records if r.get("epoch_data")]
     assert [r["epoch"] for r in epochs] == [0, 1, 2]
     n_train_tokens = sum(int(n) for n in FeaturesData(offline["features"], heldout_fraction=0.1).n_tokens[
         list(FeaturesData(offline["features"], heldout_fraction=0.1).split.train)])  # fmt: skip
@@ -164,7 +164,7 @@ def test_consume_once_and_hybrid_train_the_same_draft(
     train(_cfg(files, hybrid, prepared=str(files["prepared"]), features_cache=str(cache)), ServerSource([server.url]))
     _assert_same_run(hybrid, offline["run"])
     epochs = [json.loads(line) for line in (hybrid / METRICS_FILE).read_text().splitlines()]
-    fetched = [r["fetched_tokens"] for r in epochs if r.get("epoch_end")]
+    fetched = [r["fetched_tokens"] for r in epochs if r.get("epoch_data")]
     assert sum(fetched) == n_train_tokens and fetched[-1] == 0  # each sample fetched once; then the cache
     cached = FeaturesData(cache, heldout_fraction=0.1)  # the cache is a features directory like any other
     assert cached.ids == FeaturesData(offline["features"], heldout_fraction=0.1).ids
