@@ -60,7 +60,7 @@ def test_every_epoch_logs_the_heldout_tau(tmp_path: Path) -> None:
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, result.steps + 1))  # kept apart
 
     image = Image.open(run / "training.png").convert("RGB")
-    assert image.size[0] == 3 * _W  # loss, accuracy, and the held-out tau panel
+    assert image.size[0] == 4 * _W  # loss, accuracy, the held-out tau panel and the per-epoch data wait
     tau_panel = image.crop((2 * _W, 0, 3 * _W, image.size[1]))
     colours = tau_panel.getcolors(maxcolors=1 << 16) or []
     assert any(colour == (31, 119, 180) and count > 20 for count, colour in colours)  # the tau polyline is drawn
