@@ -20,7 +20,13 @@ from pathlib import Path
 
 import httpx
 
-from eagle3.client.errors import APIConnectionError, IncompatibleError, NoServerAvailableError, SampleFailedError
+from eagle3.client.errors import (
+    APIConnectionError,
+    IncompatibleError,
+    NoServerAvailableError,
+    SampleFailedError,
+    ServiceUnavailableError,
+)
 from eagle3.client.extract import check_prepared, features_meta
 from eagle3.client.sdk import DEFAULT_TIMEOUT_S, ExtractionClient
 from eagle3.core.protocol.features import FeaturesMeta
@@ -45,7 +51,7 @@ class ServerSource:
         cache: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_TRAIN_MAX_RETRIES,
-        wait_ready_s: float = 0.0,
+        wait_ready_s: float | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -75,14 +81,15 @@ class ServerSource:
     def open(self, prepared_dir: Path, n_samples: int) -> tuple[FeaturesMeta, int]:
         prepared = read_meta(prepared_dir)
         infos: list[ServerInfo] = []
+        if self.wait_ready_s is None or self.wait_ready_s > 0:  # as extract_dataset: a loading verifier is waited
+            with ExtractionClient(self.urls, self.api_key) as all_servers:  # for, by its own estimate unless told
+                all_servers.wait_until_ready(self.wait_ready_s, report=logger.info)
         for url in self.urls:
             with ExtractionClient(url, self.api_key, max_retries=1) as probe:
-                if self.wait_ready_s > 0:
-                    probe.wait_until_ready(self.wait_ready_s, report=logger.info)
                 try:
                     info = probe.info()
-                except APIConnectionError as exc:
-                    logger.warning("%s does not answer (%s); its requests go to the other servers", url, exc)
+                except (APIConnectionError, ServiceUnavailableError) as exc:
+                    logger.warning("%s is not ready (%s); its requests go to the other servers", url, exc)
                     continue
             check_prepared(prepared, info, prepared_dir)
             difference = infos[0].identity.diff(info.identity) if infos else ""

@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from eagle3.core.cli_args import add_model_argument, positive_int, positive_int_list, require_model
+from eagle3.core.cli_args import add_model_argument, non_negative_float, positive_int, positive_int_list, require_model
 from eagle3.core.prompt_sets import PROMPT_SETS
 from eagle3.draft_trainer.vocab import VOCAB_FILE, VocabStats, make_vocab
 
@@ -84,12 +84,16 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
         "--requests-per-server", type=positive_int, default=2, help="requests in flight per server (default 2)"
     )
     stream.add_argument(
-        "--wait-ready-s", type=float, default=0.0, help="wait this long for a loading server (default 0)"
+        "--wait-ready-s",
+        type=non_negative_float,
+        default=None,
+        help="wait up to this long for the servers still loading (default: as long as they expect their load "
+        "to take, and then some, as eagle3 extract does; 0: do not wait)",
     )
     p.add_argument("--vocab", required=True, type=Path, help="vocab directory or vocab.safetensors (eagle3 vocab)")
     add_model_argument(p)
     p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics, draft/)")
-    p.add_argument("--config", type=Path, default=None, help="config file (.json or .toml) of TrainConfig keys")
+    p.add_argument("--config", type=Path, default=None, help="config file (.yaml, .json or .toml) of TrainConfig keys")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
     p.set_defaults(func=partial(run_train, make_source=make_source))
 

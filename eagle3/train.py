@@ -30,7 +30,7 @@ def train_from_servers(
     *,
     requests_per_server: int = 2,
     max_retries: int = DEFAULT_TRAIN_MAX_RETRIES,
-    wait_ready_s: float = 0.0,
+    wait_ready_s: float | None = None,
 ) -> Any:
     """Train ``cfg`` (a ``TrainConfig`` with ``prepared`` set, ``features`` empty; ``features_cache`` for
     the hybrid mode) on features streamed from ``urls``; returns ``draft_trainer.train.RunResult``."""

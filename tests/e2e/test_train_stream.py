@@ -26,6 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eagle3.client.errors import NoServerAvailableError
 from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.train_source import ServerSource
 from eagle3.core.identity import tokenizer_sha256
@@ -282,3 +283,22 @@ def test_trainer_sigkill_then_resume(files: dict[str, Any], server: LiveServer, 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     _assert_same_run(run, offline["run"])
     assert [s for s, _ in _losses(run)] == sorted({s for s, _ in _losses(run)})  # no step logged twice
+
+
+def test_a_loading_server_is_waited_for_by_default(files: dict[str, Any]) -> None:
+    """``eagle3 train --server`` waits for a verifier still loading as ``eagle3 extract`` does (by default as
+    long as the server expects to load, and then some); ``--wait-ready-s 0`` does not wait. Before, it never
+    waited: a trainer started beside a loading server failed at once."""
+    root = files["root"]
+    starting = LiveServer([*SYNTHETIC, "--model", str(root / "model")], root / "starting.log")  # not ready yet
+    try:
+        no_wait = ServerSource(starting.url, wait_ready_s=0)
+        with pytest.raises(NoServerAvailableError, match="answers /v1/info"):
+            no_wait.open(files["prepared"], 40)
+        no_wait.close()
+        waiting = ServerSource(starting.url)
+        meta, longest = waiting.open(files["prepared"], 40)
+        waiting.close()
+        assert meta.hidden_size > 0 and longest > 0
+    finally:
+        starting.stop()
