@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# the dedupe key and the one-user-turn render are the benchmark prompt sets' (core/prompt_sets.py)
+from eagle3.core.prompt_sets import normalize
+from eagle3.core.prompt_sets import render_user_prompt as render_prompt
 from eagle3.core.protocol.prepared import (
     PreparedMeta,
     PreparedSample,
@@ -70,11 +73,6 @@ class SelfInstructConfig:
             raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {self.min_tokens} and {self.max_tokens}")
         if not (self.temperature > 0 and 0 < self.top_p <= 1):
             raise ValueError("self-instruct samples: temperature must be > 0 and top_p in (0, 1]")
-
-
-def normalize(text: str) -> str:
-    """The dedupe key: lower case, letters and digits only, single spaces."""
-    return " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split())
 
 
 def is_acceptable(content_ids: list[int], text: str, min_tokens: int, max_tokens: int) -> bool:
@@ -119,14 +117,6 @@ def trains_as(id_suffix: str, heldout_fraction: float) -> Callable[[str], bool]:
     """``write_prompt_dir``'s ``id_ok`` keeping only ids whose answers (``<id><id_suffix>``, e.g.
     ``-distill``) the held-out split of ``heldout_fraction`` trains on."""
     return lambda sample_id: not is_heldout(sample_id + id_suffix, heldout_fraction)
-
-
-def render_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Prompt ids of one user turn with the generation prompt (as ``eagle3 prepare`` tokenizes)."""
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
-    return list(tokenizer(str(rendered), add_special_tokens=False)["input_ids"])
 
 
 def sample_prompts(

@@ -23,8 +23,12 @@ from eagle3.draft_trainer.errors import DataError
 HELDOUT = "heldout"
 
 
-def choose_prompts(names: list[str], args: argparse.Namespace, model_dir: Path) -> list[tuple[str, list[list[int]]]]:
-    """``(set name, prompt ids)`` per set, in the order given, before any model is loaded."""
+def choose_prompts(
+    names: list[str], args: argparse.Namespace, model_dir: Path, trust_remote_code: bool = False
+) -> list[tuple[str, list[list[int]]]]:
+    """``(set name, prompt ids)`` per set, in the order given, before any model is loaded. A built-in set is
+    rendered by the verifier's own tokenizer (``trust_remote_code``: a Kimi-style custom tokenizer class,
+    as the engines load it with ``--engine-arg trust_remote_code=true``)."""
     from eagle3.draft_trainer.evaluate import heldout_prompts
 
     chosen: list[tuple[str, list[list[int]]]] = []
@@ -41,7 +45,7 @@ def choose_prompts(names: list[str], args: argparse.Namespace, model_dir: Path) 
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
         chosen.append((name, [render_user_prompt(tokenizer, p.text) for p in prompt_set(name)]))
     return chosen
 
@@ -60,7 +64,7 @@ def run_eval_matrix(args: argparse.Namespace, model: str) -> int:
         except EngineArgsError as exc:
             raise VllmEvalError(str(exc)) from None
     model_dir = resolve_model_dir(model)
-    sets = choose_prompts(names, args, model_dir)
+    sets = choose_prompts(names, args, model_dir, bool(engine_args.get("trust_remote_code")))
     rows: list[tuple[str, int, dict[str, Any], float]] = []  # set, k, report as JSON, tau
     identical = True
     if args.engine == "vllm":

@@ -18,14 +18,14 @@ from eagle3.client.self_instruct import (
     IM_END,
     SelfInstructConfig,
     is_acceptable,
-    normalize,
     openers_and_turns,
-    render_prompt,
     sample_prompts,
     user_prefix_text,
     user_turns,
     write_prompt_dir,
 )
+from eagle3.core.prompt_sets import normalize
+from eagle3.core.prompt_sets import render_user_prompt as render_prompt
 from eagle3.core.protocol.prepared import (
     META_FILE,
     PreparedFormatError,
