@@ -32,7 +32,7 @@ from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.client.sdk import ExtractionClient
 from eagle3.client.self_instruct import SelfInstructConfig, self_instruct
-from eagle3.core.cli_args import add_model_argument, non_negative_int, positive_int
+from eagle3.core.cli_args import add_model_argument, non_negative_int, positive_int, positive_int_list
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
 from eagle3.core.protocol.prepared import concat_prepared
@@ -122,6 +122,21 @@ def add_demo_command(sub: Any) -> None:
         type=positive_int,
         default=40,
         help="held-out-split prompts in eval (default 40: all of them at 640 samples)",
+    )
+    p.add_argument(
+        "--eval-matrix",
+        type=positive_int_list,
+        default=(),
+        metavar="K[,K...]",
+        help="after eval, also measure tau at each k on MT-Bench's first turns and on the held-out split and print "
+        "the matrix (eagle3's engine; make demo-full uses 3,5,7; eagle3 eval --engine vllm gives vLLM's own)",
+    )
+    p.add_argument(
+        "--mt-bench-prompts",
+        type=positive_int,
+        default=80,
+        metavar="N",
+        help="MT-Bench first turns in --eval-matrix (default 80: all of them)",
     )
     p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="hf", help="the server's backend (default hf)")
     p.add_argument(
@@ -264,5 +279,43 @@ def run_demo(args: argparse.Namespace) -> int:
             report.tau, report.k, report.rounds, report.generated_tokens, report.speculative_s, report.baseline_s
         )
     )
+    identical = report.identical
+    if args.eval_matrix:
+        identical &= print_eval_matrix(args, export_dir, prepared, features, fraction)
     print(f"demo finished in {time.monotonic() - started:.0f} s; outputs under {out}")
-    return 0 if report.identical else 1
+    return 0 if identical else 1
+
+
+def print_eval_matrix(
+    args: argparse.Namespace, export_dir: Path, prepared: Path, features: Path, fraction: float | None
+) -> bool:
+    """τ on MT-Bench's first turns (an outside benchmark: never trained on, ``core/prompt_sets.py``) and on the
+    held-out split, at every k of ``--eval-matrix``, with eagle3's engine; True when every output equalled the
+    verifier's greedy output."""
+    from transformers import AutoTokenizer
+
+    from eagle3.core.prompt_sets import MT_BENCH, prompt_set, render_user_prompt
+    from eagle3.draft_trainer.eval_matrix import HELDOUT, format_matrix
+    from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts
+
+    ks = tuple(args.eval_matrix)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir(args.model)))
+    bench = [render_user_prompt(tokenizer, p.text) for p in prompt_set(MT_BENCH)[: args.mt_bench_prompts]]
+    sets = [(MT_BENCH, bench), (HELDOUT, heldout_prompts(prepared, features, args.eval_prompts, fraction))]
+    print(f"  tau matrix: {len(bench)} MT-Bench first turns and {len(sets[1][1])} held-out prompts at k={ks}")
+    cells: list[tuple[str, int, float]] = []
+    identical = True
+    for name, prompts in sets:
+        for k in ks:
+            result = evaluate(
+                export_dir, prepared=None, model=args.model, k=k, n_prompts=len(prompts), threads=2, prompts=prompts
+            )
+            identical &= result.identical
+            accepted = " ".join(f"{100 * a:.0f}%" for a in result.accepted_per_position)
+            print(
+                f"  [{name}] k={k}: tau {result.tau:.3f}, accepted per position {accepted}, identical "
+                f"{result.identical}"
+            )
+            cells.append((name, k, result.tau))
+    print(format_matrix("eagle3", cells, ks))
+    return identical
