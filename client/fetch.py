@@ -164,7 +164,7 @@ class SampleFetcher:
 
     def release(self, sample: ExtractedSample) -> None:
         """The consumer is done with ``sample``'s states: room for the next ones."""
-        self.budget.release(sample.hidden_states_bf16.nbytes)
+        self.budget.release(sample.states_nbytes)
 
     @property
     def wire_bytes(self) -> int:

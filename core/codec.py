@@ -25,8 +25,9 @@ import zstandard
 
 from eagle3.core.protocol.frames import Codec, ProtocolError
 
-DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1, "U16": 2, "I16": 2}
+DTYPE_SIZES = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1, "U16": 2, "I16": 2}
 NUMPY_DTYPES = {
+    "F8_E4M3": np.uint8,  # e4m3fn codes (core/fp8.py)
     "BF16": np.uint16,
     "F16": np.float16,
     "F32": np.float32,

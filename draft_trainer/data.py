@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.core.codec import bf16_to_float32
 from eagle3.core.features_reader import FeaturesReader
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import is_heldout, variant_of
@@ -162,11 +161,8 @@ def pack(samples: Sequence[ExtractedSample], max_batch_tokens: int | None = None
     ids, aux, final, mask, pos, start, end = [], [], [], [], [], [], []
     row = 0
     for sample in samples:
-        bits = np.asarray(sample.hidden_states_bf16)  # [n, L, H] uint16
-        if max_batch_tokens is not None:
-            bits = bits[:max_batch_tokens]
-        n = bits.shape[0]
-        states = bf16_to_float32(bits)  # [n, L, H]
+        n = sample.n_tokens if max_batch_tokens is None else min(sample.n_tokens, max_batch_tokens)
+        states = sample.states_float32(n)  # [n, L, H]: bf16 widened exactly, or FP8 dequantized
         ids.append(np.asarray(sample.input_ids[:n], dtype=np.int64))
         aux.append(states[:, :-1].reshape(n, -1))  # [n, 3H]
         final.append(states[:, -1])  # [n, H]

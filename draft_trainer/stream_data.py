@@ -275,9 +275,9 @@ class StreamedData(SampleTable):
                 raise DataError(f"the server sent sample {sample.sample_id!r}, which is not in {self.prepared_dir}")
             expected = self._input_ids[pos]
             shape = (int(expected.shape[0]), self.meta.n_layers_stored, self.meta.hidden_size)
-            if sample.hidden_states_bf16.shape != shape or not np.array_equal(sample.input_ids, expected):
+            if sample.states.shape != shape or not np.array_equal(sample.input_ids, expected):
                 raise DataError(
-                    f"sample {sample.sample_id!r}: the server sent states {sample.hidden_states_bf16.shape}"
+                    f"sample {sample.sample_id!r}: the server sent states {sample.states.shape}"
                     f" for other tokens than asked (expected {shape})"
                 )
             yield pos, sample
