@@ -4,8 +4,9 @@ Checks, in order: the HEADER describes states of a known shape in the dtype aske
 when the request said ``"dtype": "float8_e4m3fn"``); every DATA frame names a
 requested sample, decodes within its declared ``raw_bytes`` (bounded by the stream's
 ``max_payload_bytes``), holds exactly ``hidden_states BF16 [m, L, H]`` (FP8: ``F8_E4M3 [m, L, H]`` and
-``hidden_scales F32 [m, L]``), ``input_ids I32 [m]`` and ``loss_mask U8 [m]`` for its token range, and continues its sample where the last chunk stopped; the
-final chunk completes the sample at ``n_tokens``; token-id samples come back with the ids we sent;
+``hidden_scales F32 [m, L]``), ``input_ids I32 [m]`` and ``loss_mask U8 [m]`` for its token range,
+and continues its sample where the last chunk stopped; the final chunk completes the sample at
+``n_tokens``; token-id samples come back with the ids we sent;
 the HEADER's model identity (``ModelIdentity``: model, revision, layers, sizes, tokenizer) equals
 ``/v1/info``'s when the caller knows it (``expect``);
 END's counts equal what was received and every requested sample was answered.
@@ -23,6 +24,7 @@ import numpy as np
 
 from eagle3.client.errors import IncompatibleError, SampleFailure, StreamError
 from eagle3.core.codec import decode_payload, parse_safetensors
+from eagle3.core.protocol.features import DTYPE_BF16, DTYPE_FP8
 from eagle3.core.protocol.frames import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Allocate,
@@ -31,7 +33,6 @@ from eagle3.core.protocol.frames import (
     FrameType,
     ProtocolError,
 )
-from eagle3.core.protocol.features import DTYPE_BF16, DTYPE_FP8
 from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, SampleErrorMeta, StreamHeader
 from eagle3.core.sample import ExtractedSample, NDArray

@@ -26,8 +26,8 @@ import numpy as np
 
 from eagle3.client.errors import SampleFailure, StreamError
 from eagle3.client.stream import StreamAssembler
-from eagle3.core.protocol.features import DTYPE_BF16
 from eagle3.core.checksum import crc32
+from eagle3.core.protocol.features import DTYPE_BF16
 from eagle3.core.protocol.frames import CONTENT_TYPE, Allocate, FrameDecoder
 from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.sample import ExtractedSample, NDArray

@@ -14,15 +14,16 @@ it is added (after ``header_bytes`` reserved for the safetensors header, which i
 to exactly that size), so when the shard is full only the small tensors after the states, the header
 and the commit above remain (the last shard of a run no longer writes all of its bytes after the
 stream ended). The checksum is computed from the samples' arrays in file order at that point (memory
-speed; the arrays are kept until the shard is recorded).
-
-The directory's format (``FeaturesMeta.dtype`` / ``shard_codec``, ``core/protocol/features.py``) is
-fixed when it is created: FP8 directories get each sample's e4m3 codes and scales (a bf16 sample is
-quantized in ``add``), compressed ones each sample's states compressed in ``add`` (on the caller's
-thread, before the bytes take the path above: the commit order does not change). Resuming a
-directory with another format, or adding an FP8 sample to a lossless one, is refused. The order of the commit is the same in
+speed; the arrays are kept until the shard is recorded). The order of the commit is the same in
 both modes, line for line: ``.tmp`` complete -> fsync -> rename -> fsync directory -> manifest line
 -> fsync manifest.
+
+The directory's format (``FeaturesMeta.dtype`` / ``shard_codec``, ``core/protocol/features.py``,
+``core/shard_states.py``) is fixed when it is created: an FP8 directory gets each sample's e4m3 codes
+and scales (a bf16 sample is quantized in ``add``), a compressed one each sample's states compressed
+in ``add`` (on the caller's thread, before the bytes take the path above: the commit order does not
+change, only what the shard's bytes are). Resuming a directory with another format, or adding an
+FP8 sample to a lossless one, is refused.
 """
 
 from __future__ import annotations
@@ -34,9 +35,7 @@ import shutil
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import xxhash
 from filelock import FileLock, Timeout
 
@@ -74,7 +73,8 @@ def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard
     if free < needed:
         raise InsufficientDiskError(
             f"{features_dir}: {n_tokens} tokens need about {needed / 1e9:.2f} GB "
-            f"({meta.n_layers_stored} layers x {meta.hidden_size} x {meta.dtype} per token), only {free / 1e9:.2f} GB free"
+            f"({meta.n_layers_stored} layers x {meta.hidden_size} x {meta.dtype} per token), "
+            f"only {free / 1e9:.2f} GB free"
         )
     return needed
 

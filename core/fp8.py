@@ -38,7 +38,8 @@ def _decode_table() -> NDArray:
     subnormal = mantissa / 8.0 * 2.0**-6
     values = sign * np.where(exponent == 0, subnormal, normal)
     values[(codes & 0x7F) == E4M3_NAN] = np.nan
-    return values.astype(np.float32)
+    table: NDArray = values.astype(np.float32)
+    return table
 
 
 E4M3_TO_FLOAT32 = _decode_table()  # float32 [256]: the value of every e4m3fn code

@@ -114,5 +114,6 @@ class ExtractedSample:
         n, n_layers, hidden = self.states.shape
         return (
             f"ExtractedSample(id={self.sample_id!r}, n_tokens={n}, layers={list(self.layer_ids)}, "
-            f"hidden_size={hidden}, {'fp8, ' if self.is_fp8 else ''}assistant_tokens={int(np.asarray(self.loss_mask).sum())})"
+            f"hidden_size={hidden}, {'fp8, ' if self.is_fp8 else ''}"
+            f"assistant_tokens={int(np.asarray(self.loss_mask).sum())})"
         )

@@ -84,6 +84,18 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
         "--requests-per-server", type=positive_int, default=2, help="requests in flight per server (default 2)"
     )
     stream.add_argument(
+        "--feature-dtype",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="the states asked of the servers and kept in --features-cache: bf16 (lossless, default) or fp8 "
+        "(e4m3, a scale per token and layer; about half the bytes)",
+    )
+    stream.add_argument(
+        "--compress-shards",
+        action="store_true",
+        help="--features-cache: store its shards compressed (lossless zstd per sample)",
+    )
+    stream.add_argument(
         "--wait-ready-s",
         type=non_negative_float,
         default=None,
