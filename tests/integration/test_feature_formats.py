@@ -71,7 +71,9 @@ def test_compressed_shards_read_back_bitwise_equal_to_raw(dirs: dict[str, Path],
     fp8, fp8_zstd = FeaturesReader(dirs["fp8"]), FeaturesReader(dirs["fp8_zstd"], verify=True)
     for sample in fp8:
         got = fp8_zstd[sample.sample_id]
-        assert np.array_equal(got.states, sample.states) and np.array_equal(got.fp8_scales, sample.fp8_scales)
+        assert np.array_equal(got.states, sample.states) and np.array_equal(
+            np.asarray(got.fp8_scales), np.asarray(sample.fp8_scales)
+        )
     assert _shard_bytes(dirs["zstd"]) < _shard_bytes(dirs["raw"])
     assert _shard_bytes(dirs["fp8_zstd"]) < _shard_bytes(dirs["fp8"])
 
@@ -82,7 +84,7 @@ def test_fp8_directory_holds_the_quantized_lossless_states(dirs: dict[str, Path]
         codes, scales = quantize_states(sample.states_float32())
         got = fp8[sample.sample_id]
         assert got.is_fp8 and got.states.dtype == np.uint8
-        assert np.array_equal(got.states, codes) and np.array_equal(got.fp8_scales, scales)
+        assert np.array_equal(got.states, codes) and np.array_equal(np.asarray(got.fp8_scales), scales)
         # per token and layer, the dequantized states are within e4m3's half-ulp (2^-4 relative) of the originals
         exact, back = sample.states_float32(), got.states_float32()
         amax = np.abs(exact).max(axis=-1, keepdims=True)
