@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,7 @@ class FeaturesReader:
                 self._by_id[sample_id] = len(self._where)
                 self._where.append((r_index, s_index))
         self._open: OrderedDict[int, tuple[dict[str, RawTensor], Any]] = OrderedDict()
+        self._open_lock = threading.Lock()  # the trainer's loader threads read samples at once
 
     def __len__(self) -> int:
         return len(self._where)
@@ -112,6 +114,10 @@ class FeaturesReader:
         )
 
     def _shard(self, r_index: int) -> tuple[dict[str, RawTensor], Any]:
+        with self._open_lock:
+            return self._open_shard(r_index)
+
+    def _open_shard(self, r_index: int) -> tuple[dict[str, RawTensor], Any]:
         if r_index in self._open:
             self._open.move_to_end(r_index)
             return self._open[r_index]

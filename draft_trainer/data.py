@@ -16,6 +16,10 @@ Invariants:
   ``<base>``, the one offline metrics compare with what ``eagle3 eval`` generates).
 * A micro-batch holds at most ``max_batch_tokens`` tokens of whole samples packed end to end (no
   padding). A sample longer than ``max_batch_tokens`` is an error unless ``truncate`` is set.
+* A features directory's micro-batches are read ahead (``loader_threads``): the ones ``begin`` announced
+  are read, decompressed, dequantized (FP8) and packed by a thread pool while the step runs, in order,
+  a window of ``2 x loader_threads``; ``load`` of anything else (held-out batches) reads at once. The
+  batches are the same either way (a pure function of the positions).
 * The plan of an epoch (order of samples, cut into micro-batches) depends only on the seed, the epoch
   and the sample lengths; a global step takes ``world_size * grad_accum_steps`` consecutive
   micro-batches and rank ``r`` reads micro-batches ``r, r + W, ...`` of them (disjoint data per rank).
@@ -23,7 +27,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,9 +138,22 @@ class SampleTable:
 
 
 class FeaturesData(SampleTable):
-    """A features directory with per-sample token counts, its split and its batch plans."""
+    """A features directory with per-sample token counts, its split and its batch plans. ``loader_threads``:
+    read the micro-batches ``begin`` announces ahead, on that many threads (0: each in its ``load``);
+    ``cut_to``: the ``max_batch_tokens`` the trainer's ``load`` passes (None unless it truncates)."""
 
-    def __init__(self, features_dir: str | Path, *, heldout_fraction: float = 0.05) -> None:
+    def __init__(
+        self,
+        features_dir: str | Path,
+        *,
+        heldout_fraction: float = 0.05,
+        loader_threads: int = 0,
+        cut_to: int | None = None,
+    ) -> None:
+        self.loader_threads, self.cut_to = loader_threads, cut_to
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: deque[tuple[list[int], Future[PackedBatch]]] = deque()
+        self._upcoming: Iterator[list[int]] = iter(())
         self.reader = FeaturesReader(features_dir)
         if len(self.reader) == 0:
             raise DataError(f"{features_dir}: the features directory holds no samples")
@@ -151,8 +170,45 @@ class FeaturesData(SampleTable):
         return self.reader[self._reader_pos[position]]
 
     def load(self, positions: list[int], max_batch_tokens: int | None = None) -> PackedBatch:
-        """Pack the samples at ``positions`` into one batch (float32 features, bool mask)."""
+        """Pack the samples at ``positions`` into one batch (float32 features, bool mask): the batch read
+        ahead when it is the next one ``begin`` announced, else read now."""
+        if self._ahead and self._ahead[0][0] == positions and max_batch_tokens == self.cut_to:
+            _, future = self._ahead.popleft()
+            self._read_ahead()
+            return future.result()
+        return self._pack(positions, max_batch_tokens)
+
+    def _pack(self, positions: list[int], max_batch_tokens: int | None) -> PackedBatch:
         return pack([self.sample(p) for p in positions], max_batch_tokens)
+
+    def begin(self, micro_batches: Iterable[list[int]]) -> None:
+        """Read ``micro_batches`` ahead, in order (``loader_threads`` > 0)."""
+        self._drop_ahead()
+        if self.loader_threads <= 0:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.loader_threads, thread_name_prefix="eagle3-loader")
+        self._upcoming = iter(micro_batches)
+        self._read_ahead()
+
+    def _read_ahead(self) -> None:
+        while self._pool is not None and len(self._ahead) < 2 * self.loader_threads:
+            positions = next(self._upcoming, None)
+            if positions is None:
+                return
+            self._ahead.append((positions, self._pool.submit(self._pack, positions, self.cut_to)))
+
+    def _drop_ahead(self) -> None:
+        for _, future in self._ahead:
+            future.cancel()
+        self._ahead.clear()
+        self._upcoming = iter(())
+
+    def close(self) -> None:
+        self._drop_ahead()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def pack(samples: Sequence[ExtractedSample], max_batch_tokens: int | None = None) -> PackedBatch:

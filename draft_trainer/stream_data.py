@@ -291,7 +291,12 @@ def training_data(cfg: TrainConfig, source: FeatureSource | None) -> SampleTable
                 "features is not set: give a features directory (--features), or a prepared "
                 "dataset (--prepared) and the servers to stream it from (--server)"
             )
-        return FeaturesData(cfg.features, heldout_fraction=cfg.heldout_fraction)
+        return FeaturesData(
+            cfg.features,
+            heldout_fraction=cfg.heldout_fraction,
+            loader_threads=cfg.loader_threads,
+            cut_to=cfg.max_batch_tokens if cfg.truncate else None,
+        )
     if not cfg.prepared:
         raise ConfigError("streaming from servers needs the prepared dataset (--prepared, config key prepared)")
     if cfg.features_cache and int(os.environ.get("WORLD_SIZE", "1")) > 1:

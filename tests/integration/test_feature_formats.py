@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from eagle3.core.codec import parse_safetensors
 from eagle3.core.errors import IncompatibleError
@@ -153,3 +154,18 @@ def test_the_trainer_trains_from_an_fp8_directory(dirs: dict[str, Path], tmp_pat
         r["loss"] for r in map(json.loads, (tmp_path / "run" / METRICS_FILE).read_text().splitlines()) if "loss" in r
     ]
     assert len(losses) == result.steps and np.isfinite(losses).all() and np.mean(losses[-3:]) < np.mean(losses[:3])
+
+
+def test_read_ahead_gives_the_batches_read_in_the_step(dirs: dict[str, Path]) -> None:
+    for name in ("raw", "fp8_zstd"):
+        inline, ahead = FeaturesData(dirs[name]), FeaturesData(dirs[name], loader_threads=2)
+        plan = inline.plan(inline.split.train, 64, seed=1, epoch=0)
+        ahead.begin(plan)
+        held = inline.load(list(inline.split.heldout))  # a batch not announced: read at once, the window kept
+        assert torch.equal(ahead.load(list(inline.split.heldout)).aux, held.aux)
+        for batch in plan:
+            want, got = inline.load(batch), ahead.load(batch)
+            for field in ("input_ids", "aux", "final", "loss_mask", "positions", "seg_start", "seg_end"):
+                assert torch.equal(getattr(got, field), getattr(want, field)), (name, field)
+        assert not ahead._ahead  # every batch read ahead was taken
+        ahead.close()
