@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from eagle3.core.codec import bf16_to_float32
-from eagle3.core.fp8 import dequantize_states, float32_to_bf16_bits
+from eagle3.core.fp8 import E4M3_TO_FLOAT32, dequantize_states, float32_to_bf16_bits
 
 NDArray = np.ndarray[Any, Any]
 
@@ -53,6 +53,23 @@ class ExtractedSample:
         """float32 [n, L, H] of the first ``n_tokens`` tokens (all by default): bf16 widened exactly, or FP8
         dequantized (a new array)."""
         return self._float32(slice(None, n_tokens), slice(None))
+
+    def float32_into(self, aux_out: NDArray, final_out: NDArray) -> None:
+        """Write the first ``n`` tokens' states as float32 into ``aux_out`` ``[n, L - 1, H]`` (the aux taps)
+        and ``final_out`` ``[n, H]`` (the final state): bf16 widened, FP8 dequantized, in place."""
+        n = aux_out.shape[0]
+        states = np.asarray(self.states[:n])
+        if self.fp8_scales is None:
+            for out, bits in ((aux_out, states[:, :-1]), (final_out, states[:, -1])):
+                wide = out.view(np.uint32)
+                wide[...] = bits  # uint16 -> uint32
+                wide <<= 16  # bf16 bits are the high half of float32's
+            return
+        scales = np.asarray(self.fp8_scales[:n])
+        np.take(E4M3_TO_FLOAT32, states[:, :-1], out=aux_out)
+        aux_out *= scales[:, :-1, None]
+        np.take(E4M3_TO_FLOAT32, states[:, -1], out=final_out)
+        final_out *= scales[:, -1, None]
 
     def _float32(self, tokens: slice, layers: slice | int) -> NDArray:
         if self.fp8_scales is None:

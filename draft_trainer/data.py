@@ -213,15 +213,18 @@ class FeaturesData(SampleTable):
 
 def pack(samples: Sequence[ExtractedSample], max_batch_tokens: int | None = None) -> PackedBatch:
     """Samples packed end to end into one batch (float32 features, bool mask), each cut to
-    ``max_batch_tokens`` when given."""
-    ids, aux, final, mask, pos, start, end = [], [], [], [], [], [], []
+    ``max_batch_tokens`` when given. The states are widened (bf16) or dequantized (FP8) straight into
+    the batch's arrays (``ExtractedSample.float32_into``): one pass over them, no intermediate copies."""
+    lengths = [s.n_tokens if max_batch_tokens is None else min(s.n_tokens, max_batch_tokens) for s in samples]
+    total = sum(lengths)
+    _, n_layers, hidden = samples[0].states.shape
+    aux = np.empty((total, (n_layers - 1) * hidden), np.float32)  # [T, 3H]
+    final = np.empty((total, hidden), np.float32)  # [T, H]
+    ids, mask, pos, start, end = [], [], [], [], []
     row = 0
-    for sample in samples:
-        n = sample.n_tokens if max_batch_tokens is None else min(sample.n_tokens, max_batch_tokens)
-        states = sample.states_float32(n)  # [n, L, H]: bf16 widened exactly, or FP8 dequantized
+    for sample, n in zip(samples, lengths, strict=True):
+        sample.float32_into(aux[row : row + n].reshape(n, n_layers - 1, hidden), final[row : row + n])
         ids.append(np.asarray(sample.input_ids[:n], dtype=np.int64))
-        aux.append(states[:, :-1].reshape(n, -1))  # [n, 3H]
-        final.append(states[:, -1])  # [n, H]
         mask.append(np.asarray(sample.loss_mask[:n], dtype=bool))
         pos.append(np.arange(n, dtype=np.int64))
         start.append(np.full(n, row, dtype=np.int64))
@@ -229,8 +232,8 @@ def pack(samples: Sequence[ExtractedSample], max_batch_tokens: int | None = None
         row += n
     return PackedBatch(
         input_ids=torch.from_numpy(np.concatenate(ids)),
-        aux=torch.from_numpy(np.concatenate(aux)),
-        final=torch.from_numpy(np.concatenate(final)),
+        aux=torch.from_numpy(aux),
+        final=torch.from_numpy(final),
         loss_mask=torch.from_numpy(np.concatenate(mask)),
         positions=torch.from_numpy(np.concatenate(pos)),
         seg_start=torch.from_numpy(np.concatenate(start)),
