@@ -19,7 +19,7 @@ from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.client.train_source import ServerSource
 from eagle3.core.errors import IncompatibleError
 from eagle3.core.features_reader import FeaturesReader
-from eagle3.core.fp8 import quantize_states
+from eagle3.core.fp8 import decode_e4m3, quantize_states
 from eagle3.core.models import DEFAULT_MODEL
 from eagle3.core.protocol.features import DTYPE_FP8, read_features_meta
 from eagle3.draft_trainer.stream_data import StreamedData
@@ -85,3 +85,27 @@ def test_hybrid_cache_of_another_format_is_refused(server: LiveServer, prepared:
     message = str(info.value)
     assert str(lossless) in message and "bfloat16/none" in message and "float8_e4m3fn/none" in message
     assert "--feature-dtype" in message
+
+
+def test_hybrid_fp8_stream_fills_a_compressed_fp8_cache(server: LiveServer, prepared: Path, tmp_path: Path) -> None:
+    """``eagle3 train --server --features-cache DIR --feature-dtype fp8 --compress-shards``: the batches the
+    stream hands the trainer, and the cache it writes, are the quantized lossless states."""
+    raw = tmp_path / "raw"
+    extract_dataset(prepared, raw, server.url, config=ExtractConfig(progress=False))
+    want = _quantized(FeaturesReader(raw))
+    cache = tmp_path / "cache"
+    source = ServerSource([server.url], dtype=DTYPE_FP8, compress_shards=True)
+    data = StreamedData(prepared, source, features_cache=cache, max_batch_tokens=4096, heldout_fraction=0.0001)
+    plan = data.plan(data.split.train, 4096, seed=0, epoch=0)
+    data.begin(plan)
+    for batch in plan:
+        packed = data.load(batch)
+        codes, scales = (np.concatenate(a) for a in zip(*(want[data.ids[p]] for p in batch), strict=True))
+        exact = decode_e4m3(codes) * scales[..., None]
+        assert np.array_equal(packed.final.numpy(), exact[:, -1])
+    data.close()
+    source.close()
+    assert read_features_meta(cache).feature_format == "float8_e4m3fn/zstd"
+    for sample in FeaturesReader(cache, verify=True):
+        codes, scales = want[sample.sample_id]
+        assert np.array_equal(sample.states, codes) and np.array_equal(np.asarray(sample.fp8_scales), scales)
