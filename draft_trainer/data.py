@@ -18,7 +18,7 @@ Invariants:
   padding). A sample longer than ``max_batch_tokens`` is an error unless ``truncate`` is set.
 * A features directory's micro-batches are read ahead (``loader_threads``): the ones ``begin`` announced
   are read, decompressed, dequantized (FP8) and packed by a thread pool while the step runs, in order,
-  a window of ``2 x loader_threads``; ``load`` of anything else (held-out batches) reads at once. The
+  a window of ``loader_threads + 1`` batches; ``load`` of anything else (held-out batches) reads at once. The
   batches are the same either way (a pure function of the positions).
 * The plan of an epoch (order of samples, cut into micro-batches) depends only on the seed, the epoch
   and the sample lengths; a global step takes ``world_size * grad_accum_steps`` consecutive
@@ -192,7 +192,7 @@ class FeaturesData(SampleTable):
         self._read_ahead()
 
     def _read_ahead(self) -> None:
-        while self._pool is not None and len(self._ahead) < 2 * self.loader_threads:
+        while self._pool is not None and len(self._ahead) < self.loader_threads + 1:
             positions = next(self._upcoming, None)
             if positions is None:
                 return
