@@ -317,6 +317,13 @@ def run_convert(args: argparse.Namespace) -> int:
 
     if args.to == "eagle3" and (args.source / "features.json").is_file():  # eagle3 features: another format
         return convert_format(args)
+    if args.feature_dtype or args.compress_shards:
+        from eagle3.draft_trainer.errors import DataError
+
+        raise DataError(
+            "--feature-dtype / --compress-shards: only for an eagle3 features directory -> --to eagle3 "
+            f"({args.source} has no features.json, or --to is {args.to})"
+        )
     model = resolve_model_dir(args.model) if args.model else None
     skipped = 0
     if args.vocab is not None and args.to == "eagle3":

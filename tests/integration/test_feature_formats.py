@@ -169,3 +169,22 @@ def test_read_ahead_gives_the_batches_read_in_the_step(dirs: dict[str, Path]) ->
                 assert torch.equal(getattr(got, field), getattr(want, field)), (name, field)
         assert not ahead._ahead  # every batch read ahead was taken
         ahead.close()
+
+
+def test_eagle3_convert_writes_another_format(
+    dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from eagle3.cli import main
+
+    out = tmp_path / "cli_fp8"
+    assert main(["convert", str(dirs["raw"]), "--to", "eagle3", "--feature-dtype", "fp8", "--compress-shards",
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert "bfloat16/none" in capsys.readouterr().out and read_features_meta(out).feature_format == "float8_e4m3fn/zstd"
+    fp8 = FeaturesReader(dirs["fp8"])
+    for sample in FeaturesReader(out):
+        assert np.array_equal(sample.states, fp8[sample.sample_id].states)
+    assert (
+        main(["convert", str(dirs["raw"]), "--to", "specforge", "--feature-dtype", "fp8", "--out", str(tmp_path / "x")])
+        == 1
+    )
+    assert "only for an eagle3 features directory" in capsys.readouterr().err
