@@ -17,6 +17,7 @@ of ``2^15`` of its token's amax, so outlier channels cost the others no precisio
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -45,9 +46,36 @@ def _decode_table() -> NDArray:
 E4M3_TO_FLOAT32 = _decode_table()  # float32 [256]: the value of every e4m3fn code
 
 
+def _pair_table() -> NDArray:
+    """uint64 [65536]: the two float32 values of two codes read as one little-endian uint16 (low byte
+    first), so a lookup decodes two codes at once (about twice the rate of one-byte lookups)."""
+    low, high = np.meshgrid(E4M3_TO_FLOAT32, E4M3_TO_FLOAT32, indexing="xy")  # [high, low]
+    pairs: NDArray = np.stack([low, high], axis=-1).astype(np.float32).reshape(65536, 2).view(np.uint64)[:, 0]
+    return pairs
+
+
+_E4M3_PAIRS = _pair_table()
+
+
 def decode_e4m3(codes: NDArray) -> NDArray:
     """float32 values of e4m3fn codes (uint8, any shape); a new array."""
     return E4M3_TO_FLOAT32[np.asarray(codes, dtype=np.uint8)]
+
+
+def decode_e4m3_into(codes: NDArray, out: NDArray) -> None:
+    """``out[...] = decode_e4m3(codes)`` without a temporary (``out`` float32 of ``codes``' shape), two
+    codes per lookup when the last axis allows it (even, contiguous, a little-endian machine)."""
+    codes = np.asarray(codes)
+    if (
+        sys.byteorder == "little"
+        and codes.ndim
+        and codes.shape[-1] % 2 == 0
+        and codes.strides[-1] == 1
+        and out.strides[-1] == 4
+    ):
+        np.take(_E4M3_PAIRS, codes.view(np.uint16), out=out.view(np.uint64))
+    else:
+        np.take(E4M3_TO_FLOAT32, codes, out=out)
 
 
 def encode_e4m3(values: NDArray) -> NDArray:
@@ -86,7 +114,8 @@ def quantize_states(states: NDArray) -> tuple[NDArray, NDArray]:
 
 def dequantize_states(codes: NDArray, scales: NDArray) -> NDArray:
     """float32 ``[n, L, H]`` = value of each code times its token's and layer's scale."""
-    out = decode_e4m3(codes)
+    out = np.empty(np.shape(codes), np.float32)
+    decode_e4m3_into(codes, out)
     out *= np.asarray(scales, dtype=np.float32)[..., None]
     return out
 

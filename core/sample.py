@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from eagle3.core.codec import bf16_to_float32
-from eagle3.core.fp8 import E4M3_TO_FLOAT32, dequantize_states, float32_to_bf16_bits
+from eagle3.core.fp8 import decode_e4m3_into, dequantize_states, float32_to_bf16_bits
 
 NDArray = np.ndarray[Any, Any]
 
@@ -66,9 +66,9 @@ class ExtractedSample:
                 wide <<= 16  # bf16 bits are the high half of float32's
             return
         scales = np.asarray(self.fp8_scales[:n])
-        np.take(E4M3_TO_FLOAT32, states[:, :-1], out=aux_out)
+        decode_e4m3_into(states[:, :-1], aux_out)
         aux_out *= scales[:, :-1, None]
-        np.take(E4M3_TO_FLOAT32, states[:, -1], out=final_out)
+        decode_e4m3_into(states[:, -1], final_out)
         final_out *= scales[:, -1, None]
 
     def _float32(self, tokens: slice, layers: slice | int) -> NDArray:

@@ -9,6 +9,7 @@ import torch
 from eagle3.core.fp8 import (
     E4M3_MAX,
     decode_e4m3,
+    decode_e4m3_into,
     dequantize_states,
     encode_e4m3,
     float32_to_bf16_bits,
@@ -68,3 +69,11 @@ def test_bf16_rounding_matches_torch() -> None:
     values = np.random.default_rng(2).standard_normal(100_000).astype(np.float32) * 1e3
     want = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(float32_to_bf16_bits(values), want)
+
+
+def test_decoding_two_codes_per_lookup_equals_one() -> None:
+    codes = np.random.default_rng(3).integers(0, 256, (5, 4, 6), dtype=np.uint8)
+    for view in (codes, codes[:, :-1], codes[:, -1], codes[..., :5], codes[:, ::2]):  # even, odd, strided
+        out = np.empty(view.shape, np.float32)
+        decode_e4m3_into(view, out)
+        assert np.array_equal(out.view(np.uint32), decode_e4m3(view).view(np.uint32))  # NaN codes too
