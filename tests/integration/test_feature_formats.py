@@ -188,3 +188,19 @@ def test_eagle3_convert_writes_another_format(
         == 1
     )
     assert "only for an eagle3 features directory" in capsys.readouterr().err
+
+
+def test_features_dataset_reads_every_format(dirs: dict[str, Path]) -> None:
+    from eagle3.core.features_dataset import FeaturesDataset
+
+    raw = FeaturesDataset(dirs["raw"])
+    for name in ("zstd", "fp8", "fp8_zstd"):
+        other = FeaturesDataset(dirs[name], sample_ids=raw.sample_ids[:4])
+        for index in range(4):
+            want, got = raw[index], other[index]
+            assert got["sample_id"] == want["sample_id"] and got["hidden_states"].dtype == torch.bfloat16
+            if name == "zstd":
+                assert torch.equal(got["hidden_states"], want["hidden_states"])
+            else:  # FP8: dequantized, then rounded to bf16 (within e4m3's 2^-4 of the lossless value)
+                exact, back = want["hidden_states"].float(), got["hidden_states"].float()
+                assert torch.all((back - exact).abs() <= exact.abs() / 16 + exact.abs().amax(-1, keepdim=True) / 448)
