@@ -84,9 +84,10 @@ def source_dir(features: Path, hidden: str, n_tokens: int, out: Path) -> Path:
     return out
 
 
-def loader_rate(features: Path, max_batch_tokens: int, repeat: int, threads: int) -> dict[str, float]:
-    """The trainer's loader over one epoch plan: ``threads`` 0 reads each micro-batch in ``load`` (as
-    the training step would without read-ahead), N > 0 reads ahead on N threads (``begin``)."""
+def loader_rate(features: Path, max_batch_tokens: int, repeat: int, threads: int, compact: bool) -> dict[str, float]:
+    """The trainer's loader over one epoch plan: ``threads`` 0 reads each micro-batch in the step (as
+    it would without read-ahead), N > 0 reads ahead on N threads (``begin``). ``compact``: the host's part
+    of CUDA training (the states gathered as stored; the widening happens on the GPU, not timed here)."""
     from eagle3.draft_trainer.data import FeaturesData
 
     data = FeaturesData(features, heldout_fraction=0.0001)
@@ -94,11 +95,11 @@ def loader_rate(features: Path, max_batch_tokens: int, repeat: int, threads: int
     tokens = int(sum(int(data.n_tokens[p]) for batch in plan for p in batch))
     best_s = float("inf")
     for _ in range(repeat):
-        data = FeaturesData(features, heldout_fraction=0.0001, loader_threads=threads)  # fresh: nothing kept
+        data = FeaturesData(features, heldout_fraction=0.0001, loader_threads=threads, compact=compact)  # fresh
         started = time.perf_counter()
         data.begin(plan)
         for batch in plan:
-            data.load(batch)
+            data.read(batch, None)
         best_s = min(best_s, time.perf_counter() - started)
         data.close()
     shard_bytes = sum(p.stat().st_size for p in (features / SHARDS_DIR).iterdir())
@@ -126,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-tokens", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--loader-threads", default="0,2", help="0: read in the step; N: N read-ahead threads")
+    parser.add_argument(
+        "--batch",
+        default="float32,compact",
+        help="float32: widened on the host (CPU training); compact: as stored (CUDA)",
+    )
     parser.add_argument("--trainer-metrics", type=Path, default=None, help="a run's metrics.jsonl (this machine)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -139,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                 path = raw if name == "raw" else Path(tmp) / f"h{hidden}-{name}"
                 if name != "raw":
                     convert_features(raw, path, dtype, compress=compress, shard_mb=64)
-                for threads in (int(t) for t in args.loader_threads.split(",")):
+                for threads, batch in (
+                    (int(t), b) for t in args.loader_threads.split(",") for b in args.batch.split(",")
+                ):
                     row: dict[str, Any] = {"hidden": meta.hidden_size, "layers": meta.n_layers_stored}
-                    row |= {"format": name, "loader_threads": threads}
-                    row |= loader_rate(path, args.max_batch_tokens, args.repeat, threads)
+                    row |= {"format": name, "loader_threads": threads, "batch": batch}
+                    row |= loader_rate(path, args.max_batch_tokens, args.repeat, threads, batch == "compact")
                     rate = row["loader_tokens_per_s"]
                     if meta.hidden_size == 4096 and meta.n_layers_stored == 4:  # the H200 figure's shape
                         row["loader_over_h200_trainer"] = round(rate / H200_TRAINER_TOKENS_PER_S, 2)

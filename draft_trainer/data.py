@@ -41,6 +41,7 @@ from eagle3.core.features_reader import FeaturesReader
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import is_heldout, variant_of
 from eagle3.core.sample import ExtractedSample
+from eagle3.draft_trainer.compact_batch import CompactBatch, pack_compact
 from eagle3.draft_trainer.errors import DataError
 from eagle3.draft_trainer.ttt import PackedBatch
 
@@ -125,6 +126,10 @@ class SampleTable:
         """Pack the samples at ``positions`` into one batch (float32 features, bool mask)."""
         raise NotImplementedError
 
+    def load_to(self, positions: list[int], max_batch_tokens: int | None, device: torch.device) -> PackedBatch:
+        """``load`` on ``device`` (what the training step calls: data that can widens there)."""
+        return self.load(positions, max_batch_tokens).to(device)
+
     # the trainer's data interface, beside plan/load: no-ops for data that needs no prefetch
     def begin(self, micro_batches: Iterable[list[int]]) -> None:
         """The micro-batches this rank will ``load`` next, in order (a stream prefetches them)."""
@@ -149,10 +154,11 @@ class FeaturesData(SampleTable):
         heldout_fraction: float = 0.05,
         loader_threads: int = 0,
         cut_to: int | None = None,
+        compact: bool = False,
     ) -> None:
-        self.loader_threads, self.cut_to = loader_threads, cut_to
+        self.loader_threads, self.cut_to, self.compact = loader_threads, cut_to, compact
         self._pool: ThreadPoolExecutor | None = None
-        self._ahead: deque[tuple[list[int], Future[PackedBatch]]] = deque()
+        self._ahead: deque[tuple[list[int], Future[PackedBatch | CompactBatch]]] = deque()
         self._upcoming: Iterator[list[int]] = iter(())
         self.reader = FeaturesReader(features_dir)
         if len(self.reader) == 0:
@@ -172,14 +178,23 @@ class FeaturesData(SampleTable):
     def load(self, positions: list[int], max_batch_tokens: int | None = None) -> PackedBatch:
         """Pack the samples at ``positions`` into one batch (float32 features, bool mask): the batch read
         ahead when it is the next one ``begin`` announced, else read now."""
+        return self.read(positions, max_batch_tokens).to(torch.device("cpu"))
+
+    def load_to(self, positions: list[int], max_batch_tokens: int | None, device: torch.device) -> PackedBatch:
+        """``load`` on ``device``; with ``compact`` the states travel as stored and are widened there."""
+        return self.read(positions, max_batch_tokens).to(device)
+
+    def read(self, positions: list[int], max_batch_tokens: int | None) -> PackedBatch | CompactBatch:
+        """The host's part of ``load_to``: the batch read ahead, or read now (float32, or compact as stored)."""
         if self._ahead and self._ahead[0][0] == positions and max_batch_tokens == self.cut_to:
             _, future = self._ahead.popleft()
             self._read_ahead()
             return future.result()
         return self._pack(positions, max_batch_tokens)
 
-    def _pack(self, positions: list[int], max_batch_tokens: int | None) -> PackedBatch:
-        return pack([self.sample(p) for p in positions], max_batch_tokens)
+    def _pack(self, positions: list[int], max_batch_tokens: int | None) -> PackedBatch | CompactBatch:
+        samples = [self.sample(p) for p in positions]
+        return pack_compact(samples, max_batch_tokens) if self.compact else pack(samples, max_batch_tokens)
 
     def begin(self, micro_batches: Iterable[list[int]]) -> None:
         """Read ``micro_batches`` ahead, in order (``loader_threads`` > 0)."""

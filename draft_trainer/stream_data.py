@@ -35,7 +35,7 @@ from eagle3.core.features_writer import FeaturesWriter, bytes_per_token
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedSample, iter_prepared
 from eagle3.core.sample import ExtractedSample
-from eagle3.draft_trainer.config import TrainConfig
+from eagle3.draft_trainer.config import TrainConfig, resolve_device
 from eagle3.draft_trainer.data import FeaturesData, SampleTable, canonical_order, check_layout, pack, split_ids
 from eagle3.draft_trainer.errors import ConfigError, DataError
 from eagle3.draft_trainer.prefetch import Prefetcher
@@ -296,6 +296,8 @@ def training_data(cfg: TrainConfig, source: FeatureSource | None) -> SampleTable
             heldout_fraction=cfg.heldout_fraction,
             loader_threads=cfg.loader_threads,
             cut_to=cfg.max_batch_tokens if cfg.truncate else None,
+            # on a GPU the batch travels as stored (bf16 / FP8) and is widened there (draft_trainer/compact_batch.py)
+            compact=resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0"))).type == "cuda",
         )
     if not cfg.prepared:
         raise ConfigError("streaming from servers needs the prepared dataset (--prepared, config key prepared)")

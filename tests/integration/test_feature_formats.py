@@ -204,3 +204,18 @@ def test_features_dataset_reads_every_format(dirs: dict[str, Path]) -> None:
             else:  # FP8: dequantized, then rounded to bf16 (within e4m3's 2^-4 of the lossless value)
                 exact, back = want["hidden_states"].float(), got["hidden_states"].float()
                 assert torch.all((back - exact).abs() <= exact.abs() / 16 + exact.abs().amax(-1, keepdim=True) / 448)
+
+
+def test_a_compact_batch_widened_on_its_device_equals_the_host_batch(dirs: dict[str, Path]) -> None:
+    """``compact`` (CUDA training): the states travel as stored and are widened on the device; here the
+    device is the CPU, the same torch ops as on a GPU, and the batch must be ``pack``'s bit for bit."""
+    cpu = torch.device("cpu")
+    for name in ("raw", "zstd", "fp8", "fp8_zstd"):
+        host, compact = FeaturesData(dirs[name]), FeaturesData(dirs[name], compact=True, loader_threads=1)
+        plan = host.plan(host.split.train, 64, seed=2, epoch=0)
+        compact.begin(plan)
+        for batch in plan:
+            want, got = host.load(batch), compact.load_to(batch, None, cpu)
+            for field in ("input_ids", "aux", "final", "loss_mask", "positions", "seg_start", "seg_end"):
+                assert torch.equal(getattr(got, field), getattr(want, field)), (name, field)
+        compact.close()
