@@ -113,7 +113,14 @@ def decode_payload(
         split = PLANES_PREFIX.size + low_len
         low = _zstd_frame(view[PLANES_PREFIX.size : split], n_pairs, " (even plane)")
         high = _zstd_frame(view[split:], raw_bytes - n_pairs, " (odd plane)")
-        return unshuffle_planes(low + high)
+        # the planes interleaved straight into the output (no joined copy of the planes, no bytes copy)
+        out = np.empty(raw_bytes, dtype=np.uint8)
+        odd = np.frombuffer(high, dtype=np.uint8)
+        pairs = out[: 2 * n_pairs].reshape(n_pairs, 2)
+        pairs[:, 0] = np.frombuffer(low, dtype=np.uint8)
+        pairs[:, 1] = odd[:n_pairs]
+        out[2 * n_pairs :] = odd[n_pairs:]
+        return out.data
     data = _zstd_frame(memoryview(payload), raw_bytes, "")
     return unshuffle_planes(data) if codec == Codec.ZSTD_SHUFFLE else data
 
