@@ -48,7 +48,7 @@ def one_pass(client: ExtractionClient, samples: list[dict[str, Any]]) -> dict[st
     for item in client.extract_stream(samples):
         if not isinstance(item, ExtractedSample):
             raise RuntimeError(f"sample {item.sample_id!r} failed: {item.message}")
-        n_bytes += item.hidden_states_bf16.nbytes
+        n_bytes += item.states_nbytes
         del item  # dropped as it arrives: its buffer is free again
     wall_s = time.perf_counter() - started
     user1, sys1 = cpu_s()

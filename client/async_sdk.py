@@ -46,6 +46,7 @@ from eagle3.client.request_pipeline import apipelined
 from eagle3.client.request_samples import Sample, to_request_samples
 from eagle3.client.retry import MAX_RETRY_AFTER_S
 from eagle3.client.stream_read import Outcome, aread_stream
+from eagle3.core.protocol.features import DTYPE_BF16
 from eagle3.core.protocol.generate import GenerateResponse
 from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
@@ -91,6 +92,7 @@ class AsyncExtractionClient(BaseClient):
         http_client: httpx.AsyncClient | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         cache: str | None = None,
+        dtype: str = DTYPE_BF16,
         buffer_pool: BufferPool | None = None,
         max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     ) -> None:
@@ -104,6 +106,7 @@ class AsyncExtractionClient(BaseClient):
             max_retries=max_retries,
             max_retry_after_s=max_retry_after_s,
             cache=cache,
+            dtype=dtype,
             max_in_flight_requests=max_in_flight_requests,
         )
         self._sleep = sleep
@@ -243,7 +246,7 @@ class AsyncExtractionClient(BaseClient):
                     await resp.aread()
                     raise response_status_error(resp, url)
                 async for item in aread_stream(
-                    resp, url, requests, self._identity.get(url), self.counters, self._allocate
+                    resp, url, requests, self._identity.get(url), self.counters, self._allocate, self.dtype
                 ):
                     yield item
         except TRANSPORT_ERRORS as exc:

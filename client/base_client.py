@@ -43,6 +43,7 @@ from eagle3.client.http_client import describe_readyz, parse_server_info
 from eagle3.client.request_samples import consecutive_runs, request_token_cap, request_tokens
 from eagle3.client.retry import retry_delay_s, should_retry
 from eagle3.client.stream_read import Outcome, StreamCounters
+from eagle3.core.protocol.features import DTYPE_BF16, SHARD_CODECS
 from eagle3.core.protocol.frames import PROTOCOL_VERSION, ProtocolError, TruncatedStreamError
 from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.protocol.wire import CACHE_MODES, ServerInfo
@@ -71,6 +72,7 @@ class BaseClient:
         max_retries: int,
         max_retry_after_s: float,
         cache: str | None,
+        dtype: str = DTYPE_BF16,
         max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     ) -> None:
         if urls is None:
@@ -83,6 +85,9 @@ class BaseClient:
         if cache not in (None, *CACHE_MODES):
             raise ValueError(f"cache must be one of {', '.join(CACHE_MODES)}, got {cache!r}")
         self.cache = cache
+        if dtype not in SHARD_CODECS:
+            raise ValueError(f"dtype must be one of {', '.join(SHARD_CODECS)}, got {dtype!r}")
+        self.dtype = dtype  # the states' format asked of the server: bfloat16 (lossless) or float8_e4m3fn
         if max_in_flight_requests < 1:
             raise ValueError(f"max_in_flight_requests must be at least 1, got {max_in_flight_requests}")
         self.max_in_flight_requests = max_in_flight_requests
@@ -121,6 +126,8 @@ class BaseClient:
             body["codec"] = codec
         if self.cache is not None:
             body["cache"] = self.cache
+        if self.dtype != DTYPE_BF16:  # a server without FP8 refuses the field (400) rather than ignore it
+            body["dtype"] = self.dtype
         return body
 
     def _server_info(self, data: Any) -> ServerInfo:

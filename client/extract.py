@@ -38,7 +38,7 @@ from eagle3.client.fetch import FetchSettings, SampleFetcher
 from eagle3.client.progress import Progress
 from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient
 from eagle3.core.features_writer import DEFAULT_SHARD_MB, FeaturesWriter, check_free_disk
-from eagle3.core.protocol.features import SHARDS_DIR, FeaturesMeta
+from eagle3.core.protocol.features import CODEC_NONE, DTYPE_BF16, SHARD_CODECS, SHARDS_DIR, FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedMeta, PreparedSample, iter_prepared, read_meta
 from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
@@ -66,6 +66,11 @@ class ExtractConfig:
     # (ReadyPoll; 30 min when it has no estimate); N > 0 waits up to N s; 0 does not wait
     wait_ready_s: float | None = None
     progress: bool | None = None  # None: a tqdm bar on a terminal or in Jupyter, a log line every 30 s otherwise
+    # the features' format (features.json, docs/training.md "Features that fit the disk"): "bfloat16" (lossless)
+    # or "float8_e4m3fn" (FP8 on the wire and at rest, about half the bytes); compress_shards: lossless zstd
+    # at rest (zstd+planes for bf16, zstd for FP8), decompressed by the reader per sample
+    feature_dtype: str = DTYPE_BF16
+    compress_shards: bool = False
 
 
 @dataclass
@@ -105,13 +110,19 @@ class ExtractSummary:
 FRAMES_IN_FLIGHT_BYTES = 64 << 20  # the buffer pool's room for frames being received (one per request thread)
 
 
-def features_meta(info: ServerInfo, prepared_dir: Path, n_samples_total: int) -> FeaturesMeta:
-    """What ``features.json`` records: the server's model identity, the dtype on disk and the dataset."""
+def features_meta(
+    info: ServerInfo, prepared_dir: Path, n_samples_total: int, dtype: str = DTYPE_BF16, compress: bool = False
+) -> FeaturesMeta:
+    """What ``features.json`` records: the server's model identity, the format on disk (``dtype``: bfloat16 or
+    float8_e4m3fn; ``compress``: the dtype's lossless codec at rest) and the dataset."""
+    if dtype not in SHARD_CODECS:
+        raise ValueError(f"feature dtype must be one of {', '.join(SHARD_CODECS)}, got {dtype!r}")
     return FeaturesMeta(
         **info.identity.as_fields(),
-        dtype="bfloat16",
+        dtype=dtype,
         prepared_dir=str(prepared_dir.resolve()),
         n_samples_total=n_samples_total,
+        shard_codec=SHARD_CODECS[dtype] if compress else CODEC_NONE,
     )
 
 
@@ -221,7 +232,7 @@ class _ExtractRun:
         scanned = [
             (s.sample_id, s.n_tokens, s.source) for s in _limited(self.prepared_dir, config.limit, info.vocab_size)
         ]
-        self.meta = features_meta(info, self.prepared_dir, len(scanned))
+        self.meta = features_meta(info, self.prepared_dir, len(scanned), config.feature_dtype, config.compress_shards)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.writer = FeaturesWriter.open(
             self.out_dir, self.meta, shard_mb=config.shard_mb, verify=config.verify, background=True
@@ -264,6 +275,7 @@ class _ExtractRun:
         settings = FetchSettings(
             codec=config.codec,
             cache=config.cache,
+            dtype=config.feature_dtype,
             request_tokens=config.request_tokens,
             requests_per_server=config.requests_per_server,
             buffer_bytes=config.buffer_mb << 20,

@@ -14,6 +14,7 @@ from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.sdk import API_KEY_ENV, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S
 from eagle3.core.cli_args import positive_float, positive_int
 from eagle3.core.features_writer import DEFAULT_SHARD_MB
+from eagle3.core.protocol.features import FEATURE_DTYPES
 from eagle3.core.protocol.frames import CODEC_NAMES
 
 
@@ -46,6 +47,19 @@ def add_extract_command(sub: Any) -> None:
         type=positive_int,
         default=65536,
         help="tokens per request (default 65536, capped by the server's max_request_tokens)",
+    )
+    p.add_argument(
+        "--feature-dtype",
+        choices=sorted(FEATURE_DTYPES),
+        default="bf16",
+        help="bf16: the states as the verifier computed them (lossless, default); fp8: e4m3 with a scale per token "
+        "and layer, on the wire and on disk, about half the bytes (docs/training.md, 'Features that fit the disk')",
+    )
+    p.add_argument(
+        "--compress-shards",
+        action="store_true",
+        help="store shards compressed (lossless zstd per sample: zstd+planes for bf16, zstd for fp8); the trainer "
+        "decompresses as it reads (docs/performance.md has the sizes and read rates)",
     )
     p.add_argument("--shard-mb", type=positive_float, default=DEFAULT_SHARD_MB, help="shard size target (default 256)")
     p.add_argument(
@@ -87,6 +101,8 @@ def run_extract(args: argparse.Namespace) -> int:
         verify=args.verify,
         progress=False if args.no_progress else None,
         cache="bypass" if args.no_cache else None,
+        feature_dtype=FEATURE_DTYPES[args.feature_dtype],
+        compress_shards=args.compress_shards,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
     previous = signal.signal(signal.SIGTERM, _terminate)

@@ -137,9 +137,7 @@ class ServerWorker(threading.Thread):
                     self.adopt_info(self.client)
                     self._checked = True
                 for item in self.client.extract_stream(list(leftover.values()), self.codec):
-                    if isinstance(item, ExtractedSample) and not self.budget.acquire(
-                        item.hidden_states_bf16.nbytes, self.stop
-                    ):
+                    if isinstance(item, ExtractedSample) and not self.budget.acquire(item.states_nbytes, self.stop):
                         return
                     del leftover[item.sample_id]
                     self.results.put(item)

@@ -31,6 +31,7 @@ from eagle3.client.buffer_pool import BufferPool
 from eagle3.client.errors import IncompatibleError, NoServerAvailableError, SampleFailure
 from eagle3.client.extract_work import BatchSource, ByteBudget, ServerWorker, cut_batches
 from eagle3.client.sdk import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, ExtractionClient
+from eagle3.core.protocol.features import DTYPE_BF16
 from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.protocol.prepared import PreparedSample
 from eagle3.core.protocol.wire import ServerInfo
@@ -43,6 +44,7 @@ Outcome = ExtractedSample | SampleFailure
 class FetchSettings:
     codec: str | None = None  # None: each server's default_codec
     cache: str | None = None  # "bypass": the server computes every sample (not from its feature cache)
+    dtype: str = DTYPE_BF16  # the states asked of the servers: bfloat16, or float8_e4m3fn (FP8)
     request_tokens: int = 65536  # per /v1/extract request (capped by the server's max_request_tokens)
     requests_per_server: int = 2  # in flight at once per server URL: the server computes while we decode
     buffer_bytes: int = 256 << 20  # decoded states waiting for the consumer (back-pressure beyond this)
@@ -112,6 +114,7 @@ class SampleFetcher:
                 transport=transport,
                 sleep=sleep,
                 cache=settings.cache,
+                dtype=settings.dtype,
                 buffer_pool=pool,
                 max_in_flight_requests=1,  # one batch = one request here: requests_per_server is the concurrency
             )
@@ -164,7 +167,7 @@ class SampleFetcher:
 
     def release(self, sample: ExtractedSample) -> None:
         """The consumer is done with ``sample``'s states: room for the next ones."""
-        self.budget.release(sample.hidden_states_bf16.nbytes)
+        self.budget.release(sample.states_nbytes)
 
     @property
     def wire_bytes(self) -> int:

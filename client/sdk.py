@@ -68,6 +68,7 @@ from eagle3.client.request_samples import (
 )
 from eagle3.client.retry import MAX_RETRY_AFTER_S
 from eagle3.client.stream_read import Outcome, read_stream
+from eagle3.core.protocol.features import DTYPE_BF16
 from eagle3.core.protocol.generate import GenerateResponse
 from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
@@ -105,6 +106,7 @@ class ExtractionClient(BaseClient):
         http_client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
         cache: str | None = None,
+        dtype: str = DTYPE_BF16,
         buffer_pool: BufferPool | None = None,
         max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS,
     ) -> None:
@@ -112,7 +114,9 @@ class ExtractionClient(BaseClient):
         default ``$EAGLE3_API_KEY``. ``http_client``: an ``httpx.Client`` of yours (proxies, TLS, event
         hooks, or a ``fastapi.testclient.TestClient``); it is used as is and not closed by ``close()``.
         ``cache``: ``"bypass"`` asks the server to compute every sample (not served from nor stored in
-        its feature cache); None or ``"use"``: the server's cache serves repeats. ``buffer_pool``: the
+        its feature cache); None or ``"use"``: the server's cache serves repeats. ``dtype``: the states'
+        format, ``"bfloat16"`` (lossless, the default) or ``"float8_e4m3fn"`` (FP8 codes with per-token,
+        per-layer scales, about half the bytes: ``ExtractedSample.fp8_scales``). ``buffer_pool``: the
         samples' memory is recycled from it once nothing references it (``extract_dataset`` passes one).
         ``max_in_flight_requests``: how many of a call's requests stream at once when its samples need more
         than one (``client/request_pipeline.py``; 1: one after the other)."""
@@ -122,6 +126,7 @@ class ExtractionClient(BaseClient):
             max_retries=max_retries,
             max_retry_after_s=max_retry_after_s,
             cache=cache,
+            dtype=dtype,
             max_in_flight_requests=max_in_flight_requests,
         )
         self._sleep = sleep
@@ -284,7 +289,9 @@ class ExtractionClient(BaseClient):
                 if resp.status_code != 200:
                     resp.read()
                     raise response_status_error(resp, url)
-                yield from read_stream(resp, url, requests, self._identity.get(url), self.counters, self._allocate)
+                yield from read_stream(
+                    resp, url, requests, self._identity.get(url), self.counters, self._allocate, self.dtype
+                )
         except TRANSPORT_ERRORS as exc:
             raise transport_error(exc, url, request_id) from None
 

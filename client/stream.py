@@ -1,10 +1,12 @@
 """Frames of one ``/v1/extract`` response -> ``ExtractedSample`` / ``SampleFailure`` (sans-IO).
 
-Checks, in order: the HEADER describes bf16 states of a known shape; every DATA frame names a
+Checks, in order: the HEADER describes states of a known shape in the dtype asked for (bf16, or FP8
+when the request said ``"dtype": "float8_e4m3fn"``); every DATA frame names a
 requested sample, decodes within its declared ``raw_bytes`` (bounded by the stream's
-``max_payload_bytes``), holds exactly ``hidden_states BF16 [m, L, H]``, ``input_ids I32 [m]`` and
-``loss_mask U8 [m]`` for its token range, and continues its sample where the last chunk stopped; the
-final chunk completes the sample at ``n_tokens``; token-id samples come back with the ids we sent;
+``max_payload_bytes``), holds exactly ``hidden_states BF16 [m, L, H]`` (FP8: ``F8_E4M3 [m, L, H]`` and
+``hidden_scales F32 [m, L]``), ``input_ids I32 [m]`` and ``loss_mask U8 [m]`` for its token range,
+and continues its sample where the last chunk stopped; the final chunk completes the sample at
+``n_tokens``; token-id samples come back with the ids we sent;
 the HEADER's model identity (``ModelIdentity``: model, revision, layers, sizes, tokenizer) equals
 ``/v1/info``'s when the caller knows it (``expect``);
 END's counts equal what was received and every requested sample was answered.
@@ -22,6 +24,7 @@ import numpy as np
 
 from eagle3.client.errors import IncompatibleError, SampleFailure, StreamError
 from eagle3.core.codec import decode_payload, parse_safetensors
+from eagle3.core.protocol.features import DTYPE_BF16, DTYPE_FP8
 from eagle3.core.protocol.frames import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Allocate,
@@ -48,8 +51,11 @@ class StreamAssembler:
         decoder: FrameDecoder | None = None,
         expect: ModelIdentity | None = None,
         allocate: Allocate | None = None,
+        dtype: str = DTYPE_BF16,
     ) -> None:
         self.url = url
+        self.dtype = dtype  # what the request asked for; the HEADER must say the same
+        self.fp8 = dtype == DTYPE_FP8
         self.allocate = allocate  # n_bytes -> uint8 array for a multi-frame sample's states (None: numpy.empty)
         self.expect = expect  # the model /v1/info described, when known: every HEADER must describe the same
         self._counts = {"n_frames": 0, "n_samples": 0, "n_failed": 0, "n_tokens": 0}
@@ -58,8 +64,8 @@ class StreamAssembler:
         self.header: StreamHeader | None = None
         self.end: EndMeta | None = None
         self.max_raw_bytes = DEFAULT_MAX_PAYLOAD_BYTES + RAW_SLACK_BYTES
-        # sample id -> its (hidden, ids, mask) arrays, allocated whole at its first chunk and filled in place
-        self._filling: dict[str, tuple[NDArray, NDArray, NDArray]] = {}
+        # sample id -> its (hidden, ids, mask[, scales]) arrays, allocated whole at its first chunk, filled in place
+        self._filling: dict[str, tuple[NDArray, ...]] = {}
         self._next_token: dict[str, int] = {}
         self._done: set[str] = set()
 
@@ -120,8 +126,8 @@ class StreamAssembler:
         self.aux_layer_ids = header.aux_layer_ids
         self.final_layer_id = header.final_layer_id
         self.hidden_size = header.hidden_size
-        if header.dtype != "bfloat16":
-            raise self._fail(f"HEADER dtype {header.dtype!r}; this client reads bfloat16")
+        if header.dtype != self.dtype:
+            raise self._fail(f"HEADER dtype {header.dtype!r}; this request asked for {self.dtype}")
         if header.final_norm_applied:
             raise self._fail("HEADER says final_norm_applied=true; EAGLE-3 needs the pre-norm final state")
         difference = self.expect.diff(header.identity) if self.expect is not None else ""
@@ -155,16 +161,18 @@ class StreamAssembler:
         n = end - start
         n_layers = len(self.aux_layer_ids) + 1
         want = {
-            "hidden_states": ("BF16", (n, n_layers, self.hidden_size)),
+            "hidden_states": ("F8_E4M3" if self.fp8 else "BF16", (n, n_layers, self.hidden_size)),
             "input_ids": ("I32", (n,)),
             "loss_mask": ("U8", (n,)),
         }
+        if self.fp8:
+            want["hidden_scales"] = ("F32", (n, n_layers))
         for name, (dtype, shape) in want.items():
             got = tensors.get(name)
             if got is None or got.dtype != dtype or got.shape != shape:
                 found = None if got is None else f"{got.dtype} {list(got.shape)}"
                 raise self._fail(f"frame {frame.seq}: {name} is {found}, expected {dtype} {list(shape)}")
-        parts = (tensors["hidden_states"].numpy(), tensors["input_ids"].numpy(), tensors["loss_mask"].numpy())
+        parts = tuple(tensors[name].numpy() for name in want)  # states, ids, mask[, scales]
         expected = self.expected_ids[sample_id]
         if start == 0 and expected is not None and len(expected) != n_total:
             raise self._fail(f"sample {sample_id!r}: the server returned other input_ids than were sent")
@@ -174,32 +182,35 @@ class StreamAssembler:
             )
         self._next_token[sample_id] = end
         if final and start == 0:  # the whole sample in one frame: its arrays are views of the frame, no copy
-            hidden, ids, mask = parts
+            arrays = parts
         else:
             if start == 0:  # allocated once at its full size (numpy: no zero fill), every chunk copied in place
                 self._filling[sample_id] = (
                     self._states_array((n_total, n_layers, self.hidden_size)),
                     np.empty(n_total, np.int32),
                     np.empty(n_total, np.uint8),
+                    *([np.empty((n_total, n_layers), np.float32)] if self.fp8 else []),
                 )
-            arrays = self._filling[sample_id]
-            for array, part in zip(arrays, parts, strict=True):
+            for array, part in zip(self._filling[sample_id], parts, strict=True):
                 array[start:end] = part
             if not final:
                 return None
-            hidden, ids, mask = self._filling.pop(sample_id)
+            arrays = self._filling.pop(sample_id)
+        hidden, ids, mask = arrays[:3]
+        scales = arrays[3] if self.fp8 else None
         if expected is not None and not np.array_equal(ids, expected):
             raise self._fail(f"sample {sample_id!r}: the server returned other input_ids than were sent")
         self._done.add(sample_id)
         self._next_token.pop(sample_id)
-        return ExtractedSample(sample_id, ids, mask, hidden, self.aux_layer_ids, self.final_layer_id)
+        return ExtractedSample(sample_id, ids, mask, hidden, self.aux_layer_ids, self.final_layer_id, scales)
 
     def _states_array(self, shape: tuple[int, int, int]) -> NDArray:
+        dtype = np.uint8 if self.fp8 else np.uint16
         if self.allocate is None:
-            return np.empty(shape, np.uint16)
-        n_bytes = shape[0] * shape[1] * shape[2] * 2
+            return np.empty(shape, dtype)
+        n_bytes = shape[0] * shape[1] * shape[2] * np.dtype(dtype).itemsize
         buffer: NDArray = np.asarray(self.allocate(n_bytes))
-        return buffer.view(np.uint16).reshape(shape)
+        return buffer.view(dtype).reshape(shape)
 
     def _on_sample_error(self, raw: dict[str, Any]) -> SampleFailure:
         meta = SampleErrorMeta.from_dict(raw)

@@ -27,6 +27,7 @@ import numpy as np
 from eagle3.client.errors import SampleFailure, StreamError
 from eagle3.client.stream import StreamAssembler
 from eagle3.core.checksum import crc32
+from eagle3.core.protocol.features import DTYPE_BF16
 from eagle3.core.protocol.frames import CONTENT_TYPE, Allocate, FrameDecoder
 from eagle3.core.protocol.model_identity import ModelIdentity
 from eagle3.core.sample import ExtractedSample, NDArray
@@ -70,13 +71,14 @@ class StreamReader:
         expect: ModelIdentity | None,
         counters: StreamCounters,
         allocate: Allocate | None = None,
+        dtype: str = DTYPE_BF16,
     ) -> None:
         ctype = resp.headers.get("content-type", "")
         if not ctype.startswith(CONTENT_TYPE.split(";")[0]):
             raise StreamError(f"{url}: unexpected content type {ctype!r}", url=url, retryable=False)
         allocate = allocate or _uninitialized
         self.decoder = FrameDecoder(crc32=crc32, allocate=allocate)
-        self.assembler = StreamAssembler(url, requests, self.decoder, expect=expect, allocate=allocate)
+        self.assembler = StreamAssembler(url, requests, self.decoder, expect=expect, allocate=allocate, dtype=dtype)
         self.counters = counters
 
     def feed(self, chunk: bytes, receive_s: float) -> Iterator[Outcome]:
@@ -103,12 +105,13 @@ def read_stream(
     expect: ModelIdentity | None,
     counters: StreamCounters,
     allocate: Allocate | None = None,
+    dtype: str = DTYPE_BF16,
 ) -> Iterator[Outcome]:
     """Every outcome of one response's frame stream, in arrival order. Raises ``ProtocolError`` /
     ``TruncatedStreamError`` for a bad or cut stream and ``StreamError`` for an ERROR frame or a body
     that is not a frame stream; the caller maps transport errors. ``allocate``: where big frame bodies and
     multi-frame samples get their memory (default: fresh ``numpy.empty``; ``BufferPool`` recycles)."""
-    reader = StreamReader(resp, url, requests, expect, counters, allocate)
+    reader = StreamReader(resp, url, requests, expect, counters, allocate, dtype)
     clock = time.perf_counter
     chunks = resp.iter_raw()
     while True:
@@ -127,9 +130,10 @@ async def aread_stream(
     expect: ModelIdentity | None,
     counters: StreamCounters,
     allocate: Allocate | None = None,
+    dtype: str = DTYPE_BF16,
 ) -> AsyncIterator[Outcome]:
     """``read_stream`` of an ``httpx.AsyncClient`` response (``aiter_raw``)."""
-    reader = StreamReader(resp, url, requests, expect, counters, allocate)
+    reader = StreamReader(resp, url, requests, expect, counters, allocate, dtype)
     clock = time.perf_counter
     chunks = resp.aiter_raw()
     while True:

@@ -29,7 +29,7 @@ from eagle3.client.errors import (
 )
 from eagle3.client.extract import check_prepared, features_meta
 from eagle3.client.sdk import DEFAULT_TIMEOUT_S, ExtractionClient
-from eagle3.core.protocol.features import FeaturesMeta
+from eagle3.core.protocol.features import DTYPE_BF16, FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedSample, read_meta
 from eagle3.core.protocol.wire import ServerInfo
 from eagle3.core.sample import ExtractedSample
@@ -49,6 +49,8 @@ class ServerSource:
         requests_per_server: int = 2,
         codec: str | None = None,
         cache: str | None = None,
+        dtype: str = DTYPE_BF16,
+        compress_shards: bool = False,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = DEFAULT_TRAIN_MAX_RETRIES,
         wait_ready_s: float | None = None,
@@ -60,6 +62,8 @@ class ServerSource:
             raise ValueError(f"requests_per_server must be at least 1, got {requests_per_server}")
         self.api_key, self.codec, self.wait_ready_s = api_key, codec, wait_ready_s
         self.requests_per_server = requests_per_server
+        # the features' format: asked of the servers (dtype) and, in the hybrid mode, the cache directory's
+        self.dtype, self.compress_shards = dtype, compress_shards
         self._clients = [
             ExtractionClient(
                 self.urls[i:] + self.urls[:i],
@@ -67,6 +71,7 @@ class ServerSource:
                 timeout_s=timeout_s,
                 max_retries=max_retries,
                 cache=cache,
+                dtype=dtype,
                 max_in_flight_requests=1,
             )
             for i in range(len(self.urls))
@@ -102,7 +107,7 @@ class ServerSource:
         if not infos:
             raise NoServerAvailableError(f"none of {', '.join(self.urls)} answers /v1/info")
         longest = min(min(i.max_model_len, i.limit("max_request_tokens", i.max_model_len)) for i in infos)
-        return features_meta(infos[0], prepared_dir, n_samples), longest
+        return features_meta(infos[0], prepared_dir, n_samples, self.dtype, self.compress_shards), longest
 
     def fetch(self, samples: Sequence[PreparedSample], worker: int) -> Iterator[ExtractedSample]:
         failures = []

@@ -25,8 +25,9 @@ import zstandard
 
 from eagle3.core.protocol.frames import Codec, ProtocolError
 
-DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1, "U16": 2, "I16": 2}
+DTYPE_SIZES = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1, "U16": 2, "I16": 2}
 NUMPY_DTYPES = {
+    "F8_E4M3": np.uint8,  # e4m3fn codes (core/fp8.py)
     "BF16": np.uint16,
     "F16": np.float16,
     "F32": np.float32,
@@ -112,7 +113,14 @@ def decode_payload(
         split = PLANES_PREFIX.size + low_len
         low = _zstd_frame(view[PLANES_PREFIX.size : split], n_pairs, " (even plane)")
         high = _zstd_frame(view[split:], raw_bytes - n_pairs, " (odd plane)")
-        return unshuffle_planes(low + high)
+        # the planes interleaved straight into the output (no joined copy of the planes, no bytes copy)
+        out = np.empty(raw_bytes, dtype=np.uint8)
+        odd = np.frombuffer(high, dtype=np.uint8)
+        pairs = out[: 2 * n_pairs].reshape(n_pairs, 2)
+        pairs[:, 0] = np.frombuffer(low, dtype=np.uint8)
+        pairs[:, 1] = odd[:n_pairs]
+        out[2 * n_pairs :] = odd[n_pairs:]
+        return out.data
     data = _zstd_frame(memoryview(payload), raw_bytes, "")
     return unshuffle_planes(data) if codec == Codec.ZSTD_SHUFFLE else data
 

@@ -13,7 +13,8 @@ A ``DataLoader`` needs ``__len__`` and ``__getitem__`` only (no ``torch.utils.da
 this module imports torch only when an item is read: the core stays torch-free at import. Each worker
 process opens its own ``FeaturesReader`` (a dataset pickles as its directory and options, never the
 memory maps). Items are ``torch`` tensors of one sample; ``hidden_states`` is a zero-copy view of the
-shard's memory map (read-only: copy before writing into it). ``pad_collate`` right-pads a batch of
+shard's memory map (read-only: copy before writing into it); a compressed directory's are decompressed
+and an FP8 directory's dequantized (and rounded to bf16) per item instead. ``pad_collate`` right-pads a batch of
 samples of different lengths (padding: token id 0, loss mask 0, attention mask False, states 0).
 """
 

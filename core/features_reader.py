@@ -5,14 +5,18 @@
 
 Each shard is memory-mapped and its safetensors header parsed with ``eagle3.core.codec.parse_safetensors``;
 a sample is a set of zero-copy views into the map (``ExtractedSample``, the type ``extract`` yields),
-widened to float32 only when a float property is read. Opening checks that every manifest shard
-exists with its recorded size; ``verify=True`` also hashes every file against the manifest.
+widened to float32 only when a float property is read (a compressed directory's states are
+decompressed per sample when read, ``core/shard_states.py``; FP8 samples carry codes and scales).
+Opening checks that every manifest shard exists with its recorded size and is of the directory's
+format (``features.json``: a directory of mixed formats is refused, naming the shard and the fix);
+``verify=True`` also hashes every file against the manifest.
 """
 
 from __future__ import annotations
 
 import json
 import mmap
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +26,7 @@ import numpy as np
 
 from eagle3.core.codec import RawTensor, parse_safetensors
 from eagle3.core.protocol.features import (
+    FEATURES_META_FILE,
     MANIFEST_FILE,
     SHARDS_DIR,
     FeaturesFormatError,
@@ -33,6 +38,7 @@ from eagle3.core.protocol.features import (
 from eagle3.core.protocol.frames import ProtocolError
 from eagle3.core.sample import ExtractedSample
 from eagle3.core.shard_files import shard_checksum_ok
+from eagle3.core.shard_states import check_blob_offsets, expected_tensors, sample_states
 
 MAX_OPEN_SHARDS = 32
 
@@ -46,6 +52,13 @@ class FeaturesReader:
         self._by_id: dict[str, int] = {}
         for r_index, record in enumerate(self.records):
             path = self.dir / SHARDS_DIR / record.shard
+            if record.feature_format != self.meta.feature_format:
+                raise FeaturesFormatError(
+                    f"{self.dir}: mixed feature formats: shard {record.shard} is {record.feature_format} "
+                    f"(dtype/compression), {FEATURES_META_FILE} says {self.meta.feature_format}; a directory "
+                    "holds one format: move that shard's samples to a directory of their own format, or "
+                    "re-extract into a new directory"
+                )
             if not path.is_file() or path.stat().st_size != record.bytes:
                 raise FeaturesFormatError(f"{path}: missing or not {record.bytes} bytes as {MANIFEST_FILE} says")
             if verify and not shard_checksum_ok(path, record):
@@ -56,6 +69,7 @@ class FeaturesReader:
                 self._by_id[sample_id] = len(self._where)
                 self._where.append((r_index, s_index))
         self._open: OrderedDict[int, tuple[dict[str, RawTensor], Any]] = OrderedDict()
+        self._open_lock = threading.Lock()  # the trainer's loader threads read samples at once
 
     def __len__(self) -> int:
         return len(self._where)
@@ -87,16 +101,23 @@ class FeaturesReader:
         r_index, s_index = self._where[position]
         tensors, offsets = self._shard(r_index)
         start, end = int(offsets[s_index]), int(offsets[s_index + 1])
+        path = self.dir / SHARDS_DIR / self.records[r_index].shard
+        states, scales = sample_states(self.meta, path, tensors, s_index, start, end)
         return ExtractedSample(
             self.records[r_index].sample_ids[s_index],
             tensors["input_ids"].numpy()[start:end],
             tensors["loss_mask"].numpy()[start:end],
-            tensors["hidden_states"].numpy()[start:end],  # memory-mapped bf16 bits [n, L, H]
+            states,  # bf16 bits [n, L, H] (memory-mapped unless compressed), or FP8 codes
             self.meta.aux_layer_ids,
             self.meta.final_layer_id,
+            scales,
         )
 
     def _shard(self, r_index: int) -> tuple[dict[str, RawTensor], Any]:
+        with self._open_lock:
+            return self._open_shard(r_index)
+
+    def _open_shard(self, r_index: int) -> tuple[dict[str, RawTensor], Any]:
         if r_index in self._open:
             self._open.move_to_end(r_index)
             return self._open[r_index]
@@ -119,9 +140,8 @@ class FeaturesReader:
         self, path: Path, record: ShardRecord, tensors: dict[str, RawTensor], meta: dict[str, str]
     ) -> None:
         total = sum(record.n_tokens)
-        n_layers, hidden = self.meta.n_layers_stored, self.meta.hidden_size
         want = {
-            "hidden_states": ("BF16", (total, n_layers, hidden)),
+            **expected_tensors(self.meta, total, len(record.sample_ids)),
             "input_ids": ("I32", (total,)),
             "loss_mask": ("U8", (total,)),
             "sample_offsets": ("I64", (len(record.sample_ids) + 1,)),
@@ -130,6 +150,7 @@ class FeaturesReader:
             got = tensors.get(name)
             if got is None or got.dtype != dtype or got.shape != shape:
                 raise FeaturesFormatError(f"{path}: {name} is not {dtype} {list(shape)}")
+        check_blob_offsets(self.meta, path, tensors)
         offsets = tensors["sample_offsets"].numpy()
         if not np.array_equal(np.diff(offsets), record.n_tokens) or offsets[0] != 0:
             raise FeaturesFormatError(f"{path}: sample_offsets disagree with {MANIFEST_FILE}")

@@ -17,6 +17,13 @@ stream ended). The checksum is computed from the samples' arrays in file order a
 speed; the arrays are kept until the shard is recorded). The order of the commit is the same in
 both modes, line for line: ``.tmp`` complete -> fsync -> rename -> fsync directory -> manifest line
 -> fsync manifest.
+
+The directory's format (``FeaturesMeta.dtype`` / ``shard_codec``, ``core/protocol/features.py``,
+``core/shard_states.py``) is fixed when it is created: an FP8 directory gets each sample's e4m3 codes
+and scales (a bf16 sample is quantized in ``add``), a compressed one each sample's states compressed
+in ``add`` (on the caller's thread, before the bytes take the path above: the commit order does not
+change, only what the shard's bytes are). Resuming a directory with another format, or adding an
+FP8 sample to a lossless one, is refused.
 """
 
 from __future__ import annotations
@@ -28,9 +35,7 @@ import shutil
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import xxhash
 from filelock import FileLock, Timeout
 
@@ -50,17 +55,15 @@ from eagle3.core.protocol.features import (
 )
 from eagle3.core.sample import ExtractedSample
 from eagle3.core.shard_files import ShardFile, shard_checksum_ok, write_error
+from eagle3.core.shard_states import bytes_per_token, cumulative, i64_bytes, raw_bytes, states_specs, stored_states
+
+__all__ = ["DEFAULT_SHARD_MB", "FeaturesWriter", "bytes_per_token", "check_free_disk"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SHARD_MB = 256
 DISK_OVERHEAD_BYTES = 64 << 20  # headers, manifest, one shard's .tmp slack
 HEADER_RESERVE_MAX_BYTES = 1 << 20  # background writer: safetensors header room per shard (~10k sample ids)
-
-
-def bytes_per_token(meta: FeaturesMeta) -> int:
-    """On-disk bytes per token: the bf16 states plus the int32 id and the uint8 mask."""
-    return meta.n_layers_stored * meta.hidden_size * 2 + 4 + 1
 
 
 def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard_mb: float = DEFAULT_SHARD_MB) -> int:
@@ -70,7 +73,8 @@ def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard
     if free < needed:
         raise InsufficientDiskError(
             f"{features_dir}: {n_tokens} tokens need about {needed / 1e9:.2f} GB "
-            f"({meta.n_layers_stored} layers x {meta.hidden_size} x bf16 per token), only {free / 1e9:.2f} GB free"
+            f"({meta.n_layers_stored} layers x {meta.hidden_size} x {meta.dtype} per token), "
+            f"only {free / 1e9:.2f} GB free"
         )
     return needed
 
@@ -189,12 +193,19 @@ class FeaturesWriter:
                 path.unlink()
 
     def _check_identity(self, existing: FeaturesMeta) -> None:
-        """The directory's model (``features.json``) must be the server's (``ModelIdentity``: any field)."""
+        """The directory's model (``features.json``) must be the server's (``ModelIdentity``: any field),
+        and its format (dtype, compression) the one asked for: one format per directory."""
         difference = existing.identity.diff(self.meta.identity)
         if difference:
             raise IncompatibleError(
                 f"{self.dir} holds features of another model than the server's ({difference}; this "
                 "directory -> the server); use a new --out directory or the server that made these features"
+            )
+        if existing.feature_format != self.meta.feature_format:
+            raise IncompatibleError(
+                f"{self.dir} holds {existing.feature_format} features, this run writes {self.meta.feature_format} "
+                "(dtype/compression); a directory holds one format: give this run a new directory, or the "
+                f"--feature-dtype / --compress-shards of the run that started {self.dir}"
             )
 
     def _repair_manifest_tail(self) -> None:
@@ -215,7 +226,8 @@ class FeaturesWriter:
     def _reset_buffer(self) -> None:
         # the samples' own arrays (views, not copies) until the shard is written: callers must not modify
         # a sample's arrays after ``add``
-        self._hidden: list[memoryview] = []
+        self._hidden: list[memoryview] = []  # per sample: states (compressed at rest: one encoded blob)
+        self._scales: list[memoryview] = []  # FP8: per sample float32 [n, L]
         self._ids: list[memoryview] = []
         self._mask: list[memoryview] = []
         self._buffered_bytes = 0
@@ -228,7 +240,7 @@ class FeaturesWriter:
         return self._buffered_bytes
 
     def add(self, sample: ExtractedSample) -> None:
-        n, n_layers, hidden = sample.hidden_states_bf16.shape
+        n, n_layers, hidden = sample.states.shape
         if (n_layers, hidden) != (self.meta.n_layers_stored, self.meta.hidden_size):
             raise IncompatibleError(
                 f"sample {sample.sample_id!r} has states [{n}, {n_layers}, {hidden}], this directory stores "
@@ -242,13 +254,16 @@ class FeaturesWriter:
             or (self._pool is not None and self._header_estimate + id_bytes > self.header_bytes - 8)
         ):
             self._shard_full()
-        for parts, array, dtype in (
-            (self._hidden, sample.hidden_states_bf16, "<u2"),
-            (self._ids, sample.input_ids, "<i4"),
-            (self._mask, sample.loss_mask, "u1"),
+        states, scales = stored_states(self.meta, sample, self.dir)
+        for parts, view in (
+            (self._hidden, states),
+            (self._scales, scales),
+            (self._ids, raw_bytes(sample.input_ids, "<i4")),
+            (self._mask, raw_bytes(sample.loss_mask, "u1")),
         ):
-            parts.append(_raw(array, dtype))
-            self._buffered_bytes += parts[-1].nbytes
+            if view is not None:
+                parts.append(view)
+                self._buffered_bytes += view.nbytes
         self._sample_ids.append(sample.sample_id)
         self._n_tokens.append(n)
         self._header_estimate += id_bytes
@@ -285,8 +300,10 @@ class FeaturesWriter:
         shard, self._shard = self._shard, None
         return self._pool.submit(self._write_buffers, shard, *self._take_buffer()).result()
 
-    def _take_buffer(self) -> tuple[list[str], list[int], list[memoryview], list[memoryview], list[memoryview]]:
-        out = (self._sample_ids, self._n_tokens, self._hidden, self._ids, self._mask)
+    def _take_buffer(
+        self,
+    ) -> tuple[list[str], list[int], list[memoryview], list[memoryview], list[memoryview], list[memoryview]]:
+        out = (self._sample_ids, self._n_tokens, self._hidden, self._scales, self._ids, self._mask)
         self._reset_buffer()
         return out
 
@@ -296,27 +313,24 @@ class FeaturesWriter:
         ids: list[str],
         n_tokens: list[int],
         hidden: list[memoryview],
+        scales: list[memoryview],
         token_ids: list[memoryview],
         mask: list[memoryview],
     ) -> ShardRecord:
         """Complete one shard and record it. ``shard``: its ``.tmp`` with the states already written
         (background), or None: write the whole file now."""
         total = sum(n_tokens)
-        offsets = [0]
-        for n in n_tokens:
-            offsets.append(offsets[-1] + n)
-        shape = (total, self.meta.n_layers_stored, self.meta.hidden_size)
-        specs = {
-            "hidden_states": ("BF16", shape, hidden),  # [T, L, H]
-            "input_ids": ("I32", (total,), token_ids),  # [T]
-            "loss_mask": ("U8", (total,), mask),  # [T]
-            "sample_offsets": ("I64", (len(ids) + 1,), [memoryview(_i64(offsets))]),  # [n + 1]
-        }
+        specs = states_specs(self.meta, total, hidden, scales)
+        specs["input_ids"] = ("I32", (total,), token_ids)  # [T]
+        specs["loss_mask"] = ("U8", (total,), mask)  # [T]
+        specs["sample_offsets"] = ("I64", (len(ids) + 1,), [memoryview(i64_bytes(cumulative(n_tokens)))])  # [n + 1]
         metadata = {
             "schema_version": str(self.meta.schema_version),
             "sample_ids": json.dumps(ids),
             "layer_ids": json.dumps(list(self.meta.aux_layer_ids)),
             "final_norm_applied": str(self.meta.final_norm_applied).lower(),
+            "dtype": self.meta.dtype,
+            "codec": self.meta.shard_codec,
         }
         name = f"shard-{len(self.records):06d}-{uuid.uuid4().hex[:12]}.safetensors"
         if shard is None:
@@ -324,7 +338,16 @@ class FeaturesWriter:
         else:
             size, digest = self._complete_shard(shard, name, specs, metadata, len(hidden))
         record = ShardRecord(
-            name, tuple(ids), tuple(n_tokens), size, "", self.meta.model_id, self.meta.aux_layer_ids, xxh3_128=digest
+            name,
+            tuple(ids),
+            tuple(n_tokens),
+            size,
+            "",
+            self.meta.model_id,
+            self.meta.aux_layer_ids,
+            xxh3_128=digest,
+            dtype=self.meta.dtype,
+            codec=self.meta.shard_codec,
         )
         self._append_manifest(record)
         self.records.append(record)
@@ -396,12 +419,3 @@ class FeaturesWriter:
         """Stop the background writer thread (after the shard it is writing; its errors are not raised)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-
-
-def _raw(array: Any, dtype: str) -> memoryview:
-    """The array's bytes in ``dtype`` without a copy when it already is contiguous ``dtype``."""
-    return np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8).data
-
-
-def _i64(values: list[int]) -> bytes:
-    return b"".join(v.to_bytes(8, "little", signed=True) for v in values)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}  # FP8 features: + 4 B of scale per tap
 SAMPLE_TOKENS, SAMPLES = 2048, 1000  # the reference dataset the per-1k figure is for
 DISK_DTYPE = "bfloat16"  # what eagle3 extract stores, whatever the server's dtype (client/extract.py)
 KIB, GIB = 1 << 10, 1 << 30

@@ -84,6 +84,18 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
         "--requests-per-server", type=positive_int, default=2, help="requests in flight per server (default 2)"
     )
     stream.add_argument(
+        "--feature-dtype",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="the states asked of the servers and kept in --features-cache: bf16 (lossless, default) or fp8 "
+        "(e4m3, a scale per token and layer; about half the bytes)",
+    )
+    stream.add_argument(
+        "--compress-shards",
+        action="store_true",
+        help="--features-cache: store its shards compressed (lossless zstd per sample)",
+    )
+    stream.add_argument(
         "--wait-ready-s",
         type=non_negative_float,
         default=None,
@@ -119,7 +131,8 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
         help="convert features to or from SpecForge's or speculators' offline training data",
         description="eagle3 features -> SpecForge (--to specforge; the final state gets the verifier's norm, so "
         "--model is needed) or -> vLLM speculators (--to speculators; pre-norm like eagle3, bit for bit); "
-        "either -> eagle3 features (--to eagle3; the source format is recognised, or --from). "
+        "either -> eagle3 features (--to eagle3; the source format is recognised, or --from); an eagle3 features "
+        "directory -> another format of eagle3 features (--to eagle3 --feature-dtype fp8 and/or --compress-shards). "
         "See docs/training.md, 'Other trainers' formats'.",
     )
     p.add_argument("source", type=Path, help="features directory, or a SpecForge / speculators data directory")
@@ -156,6 +169,17 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
         default=None,
         help="-> speculators / specforge: an eagle3 vocab dir, written as d2t.npy/t2d.npy (speculators) "
         "or vocab_mapping.pt (SpecForge's --vocab-mapping-path)",
+    )
+    p.add_argument(
+        "--feature-dtype",
+        choices=("bf16", "fp8"),
+        default=None,
+        help="eagle3 features -> eagle3: the new directory's states, bf16 or fp8 (e4m3, a scale per token and layer)",
+    )
+    p.add_argument(
+        "--compress-shards",
+        action="store_true",
+        help="eagle3 features -> eagle3: store the new directory's shards compressed (lossless zstd per sample)",
     )
     p.add_argument(
         "--skip-missing",
@@ -291,6 +315,15 @@ def run_convert(args: argparse.Namespace) -> int:
     from eagle3.draft_trainer.interop import from_specforge, meta_from_model, to_specforge
     from eagle3.draft_trainer.interop_speculators import from_speculators, to_speculators
 
+    if args.to == "eagle3" and (args.source / "features.json").is_file():  # eagle3 features: another format
+        return convert_format(args)
+    if args.feature_dtype or args.compress_shards:
+        from eagle3.draft_trainer.errors import DataError
+
+        raise DataError(
+            "--feature-dtype / --compress-shards: only for an eagle3 features directory -> --to eagle3 "
+            f"({args.source} has no features.json, or --to is {args.to})"
+        )
     model = resolve_model_dir(args.model) if args.model else None
     skipped = 0
     if args.vocab is not None and args.to == "eagle3":
@@ -318,6 +351,22 @@ def run_convert(args: argparse.Namespace) -> int:
             n = from_specforge(args.source, args.out, meta)
     note = f"; {skipped} rows without hidden states skipped" if skipped else ""
     print(f"converted {n} samples {args.source} -> {args.out} ({args.to}){note}")
+    return 0
+
+
+def convert_format(args: argparse.Namespace) -> int:
+    """``eagle3 convert FEATURES --to eagle3 [--feature-dtype fp8] [--compress-shards]``."""
+    from eagle3.core.features_convert import convert_features
+    from eagle3.core.protocol.features import FEATURE_DTYPES, read_features_meta
+    from eagle3.draft_trainer.errors import DataError
+
+    source = read_features_meta(args.source)
+    dtype = FEATURE_DTYPES[args.feature_dtype] if args.feature_dtype else source.dtype
+    if dtype == source.dtype and args.compress_shards == (source.shard_codec != "none"):
+        raise DataError(f"{args.source} is {source.feature_format} already: give --feature-dtype or --compress-shards")
+    n = convert_features(args.source, args.out, dtype, compress=args.compress_shards)
+    written = read_features_meta(args.out)
+    print(f"converted {n} samples {args.source} ({source.feature_format}) -> {args.out} ({written.feature_format})")
     return 0
 
 

@@ -47,6 +47,7 @@ class TrainConfig:
     prepared: str = ""  # ... the prepared dataset whose features the servers compute (draft_trainer/stream_data.py)
     features_cache: str = ""  # streamed: hybrid mode's features directory (read what it holds, append the rest)
     prefetch_micro_batches: int = 0  # streamed: the prefetch window in micro-batches (0: max(4, 2 x requests))
+    loader_threads: int = 2  # --features: threads reading (decompressing, dequantizing) the next micro-batches
     vocab: str = ""  # vocab directory or its vocab.safetensors (eagle3 vocab)
     model: str = ""  # the verifier (required; eagle3.core.models.resolve_model_dir): teacher norm/lm_head, embed_tokens
     out: str = "run"  # run directory
@@ -116,6 +117,8 @@ class TrainConfig:
                 "freeze_lm_head keeps the verifier's lm_head rows: it needs init_lm_head_from_verifier "
                 "(or init_from a run that had them)"
             )
+        if self.loader_threads < 0:
+            raise ConfigError(f"loader_threads must be >= 0, got {self.loader_threads}")
         if self.prefetch_micro_batches < 0:
             raise ConfigError(f"prefetch_micro_batches must be >= 0, got {self.prefetch_micro_batches}")
         if self.features and (self.prepared or self.features_cache):

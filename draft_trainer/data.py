@@ -16,6 +16,10 @@ Invariants:
   ``<base>``, the one offline metrics compare with what ``eagle3 eval`` generates).
 * A micro-batch holds at most ``max_batch_tokens`` tokens of whole samples packed end to end (no
   padding). A sample longer than ``max_batch_tokens`` is an error unless ``truncate`` is set.
+* A features directory's micro-batches are read ahead (``loader_threads``): the ones ``begin`` announced
+  are read, decompressed, dequantized (FP8) and packed by a thread pool while the step runs, in order,
+  a window of ``loader_threads + 1`` batches; ``load`` of anything else (held-out batches) reads at once. The
+  batches are the same either way (a pure function of the positions).
 * The plan of an epoch (order of samples, cut into micro-batches) depends only on the seed, the epoch
   and the sample lengths; a global step takes ``world_size * grad_accum_steps`` consecutive
   micro-batches and rank ``r`` reads micro-batches ``r, r + W, ...`` of them (disjoint data per rank).
@@ -23,7 +27,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.core.codec import bf16_to_float32
 from eagle3.core.features_reader import FeaturesReader
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import is_heldout, variant_of
 from eagle3.core.sample import ExtractedSample
+from eagle3.draft_trainer.compact_batch import CompactBatch, pack_compact
 from eagle3.draft_trainer.errors import DataError
 from eagle3.draft_trainer.ttt import PackedBatch
 
@@ -120,6 +126,10 @@ class SampleTable:
         """Pack the samples at ``positions`` into one batch (float32 features, bool mask)."""
         raise NotImplementedError
 
+    def load_to(self, positions: list[int], max_batch_tokens: int | None, device: torch.device) -> PackedBatch:
+        """``load`` on ``device`` (what the training step calls: data that can widens there)."""
+        return self.load(positions, max_batch_tokens).to(device)
+
     # the trainer's data interface, beside plan/load: no-ops for data that needs no prefetch
     def begin(self, micro_batches: Iterable[list[int]]) -> None:
         """The micro-batches this rank will ``load`` next, in order (a stream prefetches them)."""
@@ -133,9 +143,23 @@ class SampleTable:
 
 
 class FeaturesData(SampleTable):
-    """A features directory with per-sample token counts, its split and its batch plans."""
+    """A features directory with per-sample token counts, its split and its batch plans. ``loader_threads``:
+    read the micro-batches ``begin`` announces ahead, on that many threads (0: each in its ``load``);
+    ``cut_to``: the ``max_batch_tokens`` the trainer's ``load`` passes (None unless it truncates)."""
 
-    def __init__(self, features_dir: str | Path, *, heldout_fraction: float = 0.05) -> None:
+    def __init__(
+        self,
+        features_dir: str | Path,
+        *,
+        heldout_fraction: float = 0.05,
+        loader_threads: int = 0,
+        cut_to: int | None = None,
+        compact: bool = False,
+    ) -> None:
+        self.loader_threads, self.cut_to, self.compact = loader_threads, cut_to, compact
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: deque[tuple[list[int], Future[PackedBatch | CompactBatch]]] = deque()
+        self._upcoming: Iterator[list[int]] = iter(())
         self.reader = FeaturesReader(features_dir)
         if len(self.reader) == 0:
             raise DataError(f"{features_dir}: the features directory holds no samples")
@@ -152,24 +176,70 @@ class FeaturesData(SampleTable):
         return self.reader[self._reader_pos[position]]
 
     def load(self, positions: list[int], max_batch_tokens: int | None = None) -> PackedBatch:
-        """Pack the samples at ``positions`` into one batch (float32 features, bool mask)."""
-        return pack([self.sample(p) for p in positions], max_batch_tokens)
+        """Pack the samples at ``positions`` into one batch (float32 features, bool mask): the batch read
+        ahead when it is the next one ``begin`` announced, else read now."""
+        return self.read(positions, max_batch_tokens).to(torch.device("cpu"))
+
+    def load_to(self, positions: list[int], max_batch_tokens: int | None, device: torch.device) -> PackedBatch:
+        """``load`` on ``device``; with ``compact`` the states travel as stored and are widened there."""
+        return self.read(positions, max_batch_tokens).to(device)
+
+    def read(self, positions: list[int], max_batch_tokens: int | None) -> PackedBatch | CompactBatch:
+        """The host's part of ``load_to``: the batch read ahead, or read now (float32, or compact as stored)."""
+        if self._ahead and self._ahead[0][0] == positions and max_batch_tokens == self.cut_to:
+            _, future = self._ahead.popleft()
+            self._read_ahead()
+            return future.result()
+        return self._pack(positions, max_batch_tokens)
+
+    def _pack(self, positions: list[int], max_batch_tokens: int | None) -> PackedBatch | CompactBatch:
+        samples = [self.sample(p) for p in positions]
+        return pack_compact(samples, max_batch_tokens) if self.compact else pack(samples, max_batch_tokens)
+
+    def begin(self, micro_batches: Iterable[list[int]]) -> None:
+        """Read ``micro_batches`` ahead, in order (``loader_threads`` > 0)."""
+        self._drop_ahead()
+        if self.loader_threads <= 0:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.loader_threads, thread_name_prefix="eagle3-loader")
+        self._upcoming = iter(micro_batches)
+        self._read_ahead()
+
+    def _read_ahead(self) -> None:
+        while self._pool is not None and len(self._ahead) < self.loader_threads + 1:
+            positions = next(self._upcoming, None)
+            if positions is None:
+                return
+            self._ahead.append((positions, self._pool.submit(self._pack, positions, self.cut_to)))
+
+    def _drop_ahead(self) -> None:
+        for _, future in self._ahead:
+            future.cancel()
+        self._ahead.clear()
+        self._upcoming = iter(())
+
+    def close(self) -> None:
+        self._drop_ahead()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def pack(samples: Sequence[ExtractedSample], max_batch_tokens: int | None = None) -> PackedBatch:
     """Samples packed end to end into one batch (float32 features, bool mask), each cut to
-    ``max_batch_tokens`` when given."""
-    ids, aux, final, mask, pos, start, end = [], [], [], [], [], [], []
+    ``max_batch_tokens`` when given. The states are widened (bf16) or dequantized (FP8) straight into
+    the batch's arrays (``ExtractedSample.float32_into``): one pass over them, no intermediate copies."""
+    lengths = [s.n_tokens if max_batch_tokens is None else min(s.n_tokens, max_batch_tokens) for s in samples]
+    total = sum(lengths)
+    _, n_layers, hidden = samples[0].states.shape
+    aux = np.empty((total, (n_layers - 1) * hidden), np.float32)  # [T, 3H]
+    final = np.empty((total, hidden), np.float32)  # [T, H]
+    ids, mask, pos, start, end = [], [], [], [], []
     row = 0
-    for sample in samples:
-        bits = np.asarray(sample.hidden_states_bf16)  # [n, L, H] uint16
-        if max_batch_tokens is not None:
-            bits = bits[:max_batch_tokens]
-        n = bits.shape[0]
-        states = bf16_to_float32(bits)  # [n, L, H]
+    for sample, n in zip(samples, lengths, strict=True):
+        sample.float32_into(aux[row : row + n].reshape(n, n_layers - 1, hidden), final[row : row + n])
         ids.append(np.asarray(sample.input_ids[:n], dtype=np.int64))
-        aux.append(states[:, :-1].reshape(n, -1))  # [n, 3H]
-        final.append(states[:, -1])  # [n, H]
         mask.append(np.asarray(sample.loss_mask[:n], dtype=bool))
         pos.append(np.arange(n, dtype=np.int64))
         start.append(np.full(n, row, dtype=np.int64))
@@ -177,8 +247,8 @@ def pack(samples: Sequence[ExtractedSample], max_batch_tokens: int | None = None
         row += n
     return PackedBatch(
         input_ids=torch.from_numpy(np.concatenate(ids)),
-        aux=torch.from_numpy(np.concatenate(aux)),
-        final=torch.from_numpy(np.concatenate(final)),
+        aux=torch.from_numpy(aux),
+        final=torch.from_numpy(final),
         loss_mask=torch.from_numpy(np.concatenate(mask)),
         positions=torch.from_numpy(np.concatenate(pos)),
         seg_start=torch.from_numpy(np.concatenate(start)),

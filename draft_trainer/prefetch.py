@@ -140,7 +140,7 @@ class Prefetcher:
                     if pos not in wanted or pos in slot.got:
                         raise DataError(f"sample {sample.sample_id!r} arrived for a request that did not ask it")
                     slot.got[pos] = sample
-                    n_bytes = int(sample.hidden_states_bf16.nbytes)
+                    n_bytes = int(sample.states_nbytes)
                     with self._lock:
                         self.stats.fetched_samples += 1
                         self.stats.fetched_tokens += sample.n_tokens

@@ -35,7 +35,7 @@ from eagle3.core.features_writer import FeaturesWriter, bytes_per_token
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedSample, iter_prepared
 from eagle3.core.sample import ExtractedSample
-from eagle3.draft_trainer.config import TrainConfig
+from eagle3.draft_trainer.config import TrainConfig, resolve_device
 from eagle3.draft_trainer.data import FeaturesData, SampleTable, canonical_order, check_layout, pack, split_ids
 from eagle3.draft_trainer.errors import ConfigError, DataError
 from eagle3.draft_trainer.prefetch import Prefetcher
@@ -275,9 +275,9 @@ class StreamedData(SampleTable):
                 raise DataError(f"the server sent sample {sample.sample_id!r}, which is not in {self.prepared_dir}")
             expected = self._input_ids[pos]
             shape = (int(expected.shape[0]), self.meta.n_layers_stored, self.meta.hidden_size)
-            if sample.hidden_states_bf16.shape != shape or not np.array_equal(sample.input_ids, expected):
+            if sample.states.shape != shape or not np.array_equal(sample.input_ids, expected):
                 raise DataError(
-                    f"sample {sample.sample_id!r}: the server sent states {sample.hidden_states_bf16.shape}"
+                    f"sample {sample.sample_id!r}: the server sent states {sample.states.shape}"
                     f" for other tokens than asked (expected {shape})"
                 )
             yield pos, sample
@@ -291,7 +291,14 @@ def training_data(cfg: TrainConfig, source: FeatureSource | None) -> SampleTable
                 "features is not set: give a features directory (--features), or a prepared "
                 "dataset (--prepared) and the servers to stream it from (--server)"
             )
-        return FeaturesData(cfg.features, heldout_fraction=cfg.heldout_fraction)
+        return FeaturesData(
+            cfg.features,
+            heldout_fraction=cfg.heldout_fraction,
+            loader_threads=cfg.loader_threads,
+            cut_to=cfg.max_batch_tokens if cfg.truncate else None,
+            # on a GPU the batch travels as stored (bf16 / FP8) and is widened there (draft_trainer/compact_batch.py)
+            compact=resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0"))).type == "cuda",
+        )
     if not cfg.prepared:
         raise ConfigError("streaming from servers needs the prepared dataset (--prepared, config key prepared)")
     if cfg.features_cache and int(os.environ.get("WORLD_SIZE", "1")) > 1:

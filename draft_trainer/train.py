@@ -238,7 +238,7 @@ class Trainer:
         started = time.perf_counter()
         positions = self.my_micro_batches(self.step)
         device = self.device
-        batches = [self.data.load(b, cfg.max_batch_tokens if cfg.truncate else None).to(device) for b in positions]
+        batches = [self.data.load_to(b, cfg.max_batch_tokens if cfg.truncate else None, device) for b in positions]
         data_s = time.perf_counter() - started
         counts = _all_reduce(
             sum((step_counts(b, cfg.ttt_steps) for b in batches), torch.zeros(cfg.ttt_steps, device=device)),
@@ -306,7 +306,7 @@ class Trainer:
             self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False, truncate=True
         )
         for positions in plan[self.rank :: self.world]:
-            batch = self.data.load(positions, cfg.max_batch_tokens).to(self.device)
+            batch = self.data.load_to(positions, cfg.max_batch_tokens, self.device)
             result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, attention=cfg.attention)
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
             rounds.merge(

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from eagle3.client.train_source import DEFAULT_TRAIN_MAX_RETRIES, ServerSource
+from eagle3.core.protocol.features import FEATURE_DTYPES
 
 
 def train_from_servers(
@@ -31,20 +32,36 @@ def train_from_servers(
     requests_per_server: int = 2,
     max_retries: int = DEFAULT_TRAIN_MAX_RETRIES,
     wait_ready_s: float | None = None,
+    feature_dtype: str = "bfloat16",
+    compress_shards: bool = False,
 ) -> Any:
     """Train ``cfg`` (a ``TrainConfig`` with ``prepared`` set, ``features`` empty; ``features_cache`` for
-    the hybrid mode) on features streamed from ``urls``; returns ``draft_trainer.train.RunResult``."""
+    the hybrid mode) on features streamed from ``urls``; returns ``draft_trainer.train.RunResult``.
+    ``feature_dtype``: ``"bfloat16"`` (lossless) or ``"float8_e4m3fn"`` (FP8 on the wire and in the cache);
+    ``compress_shards``: the hybrid cache's shards compressed at rest."""
     from eagle3.draft_trainer.train import train
 
     source = ServerSource(
-        urls, api_key, requests_per_server=requests_per_server, max_retries=max_retries, wait_ready_s=wait_ready_s
+        urls,
+        api_key,
+        requests_per_server=requests_per_server,
+        max_retries=max_retries,
+        wait_ready_s=wait_ready_s,
+        dtype=feature_dtype,
+        compress_shards=compress_shards,
     )
     return train(cfg, source)
 
 
 def server_source(args: argparse.Namespace) -> ServerSource:
     """``eagle3 train --server URL ...``'s source (``draft_trainer/cli.py`` adds the options)."""
-    return ServerSource(args.server, requests_per_server=args.requests_per_server, wait_ready_s=args.wait_ready_s)
+    return ServerSource(
+        args.server,
+        requests_per_server=args.requests_per_server,
+        wait_ready_s=args.wait_ready_s,
+        dtype=FEATURE_DTYPES[args.feature_dtype],
+        compress_shards=args.compress_shards,
+    )
 
 
 if __name__ == "__main__":

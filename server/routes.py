@@ -10,6 +10,7 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from eagle3.core.protocol.features import DTYPE_FP8
 from eagle3.server.admission import admit
 from eagle3.server.deps import authenticate, runtime_of, unavailable, viewer_unless
 from eagle3.server.errors import ApiError
@@ -110,7 +111,15 @@ async def _extract(request: Request, tenant: str, rt: Runtime) -> Response:
 
     def open_stream(parsed: ExtractRequest, samples: list[Sample]) -> ExtractStream:
         codec = rt.codec_for(parsed.codec or settings.default_codec, request.client.host if request.client else None)
-        return rt.open_stream(request_id, tenant, samples, codec, parsed.zstd_level, use_cache=parsed.cache == "use")
+        return rt.open_stream(
+            request_id,
+            tenant,
+            samples,
+            codec,
+            parsed.zstd_level,
+            use_cache=parsed.cache == "use",
+            fp8=parsed.dtype == DTYPE_FP8,
+        )
 
     stream = await admit(request, tenant, rt, parse_request, check, open_stream)
     if stream is None:

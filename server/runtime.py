@@ -29,6 +29,7 @@ from typing import Any
 
 from eagle3.core.masking import ChatTokenizer
 from eagle3.core.protocol.error_types import error_meta
+from eagle3.core.protocol.features import DTYPE_BF16, DTYPE_FP8
 from eagle3.core.protocol.frames import CODEC_NAMES, Codec
 from eagle3.core.protocol.generate import Sampling
 from eagle3.core.protocol.wire import REQUEST_CODECS, ServerInfo
@@ -293,18 +294,21 @@ class Runtime:
         zstd_level: int = 1,
         *,
         use_cache: bool = True,
+        fp8: bool = False,
     ) -> ExtractStream:
         """Admit ``samples`` (``AdmissionError`` when over a budget) and return the stream that will
         carry their states. The one way a request becomes a stream: the route and the warm-up both use it.
-        ``use_cache``: False for a request's ``"cache": "bypass"`` (neither looked up nor stored)."""
+        ``use_cache``: False for a request's ``"cache": "bypass"`` (neither looked up nor stored). ``fp8``: the
+        request's ``"dtype": "float8_e4m3fn"`` (the states leave as FP8; the cache keeps them lossless)."""
         assert self.info is not None
         s = self.settings
         req = self.scheduler.submit(request_id, tenant, samples, use_cache=use_cache)
         header = dataclasses.replace(
             stream_header(self.info, request_id, len(samples), req.n_tokens, s.max_payload_bytes),
             codec=next(name for name, c in CODEC_NAMES.items() if c == codec),
+            dtype=DTYPE_FP8 if fp8 else DTYPE_BF16,
         )
-        opts = EncodeOptions(codec, zstd_level, s.max_payload_bytes)
+        opts = EncodeOptions(codec, zstd_level, s.max_payload_bytes, fp8)
         return ExtractStream(
             self.scheduler, req, header, opts, self.executor, self.metrics, s.heartbeat_s, s.stream_chunk_bytes
         )

@@ -1,7 +1,9 @@
 """The ``/v1/extract`` response body: HEADER, DATA / SAMPLE_ERROR / HEARTBEAT, then END or ERROR.
 
 Each finished sample becomes one or more DATA frames: a safetensors blob per token range
-(``hidden_states`` BF16 ``[n, L+1, H]``, ``input_ids`` I32, ``loss_mask`` U8), at most
+(``hidden_states`` BF16 ``[n, L+1, H]``, ``input_ids`` I32, ``loss_mask`` U8; a request for FP8 gets
+``hidden_states`` F8_E4M3 and ``hidden_scales`` F32 ``[n, L+1]`` instead, quantized from the bf16
+states, bit for bit as ``eagle3.core.fp8.quantize_states`` does), at most
 ``max_payload_bytes`` raw, encoded with ``eagle3.core.codec.encode_payload`` in a worker thread (never on the
 event loop). Frames are coalesced into HTTP writes of about ``stream_chunk_bytes``. The stream's budget
 goes back to the scheduler as each sample is written, and all of it in ``close`` (exactly once).
@@ -49,6 +51,7 @@ class EncodeOptions:
     codec: Codec
     zstd_level: int
     max_payload_bytes: int
+    fp8: bool = False  # the request asked for "dtype": "float8_e4m3fn"
 
 
 def stream_header(
@@ -70,36 +73,54 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return np.ascontiguousarray(arr).data.cast("B")
 
 
-def tokens_per_blob(n_layers: int, hidden: int, max_payload_bytes: int) -> int:
+def tokens_per_blob(n_layers: int, hidden: int, max_payload_bytes: int, fp8: bool = False) -> int:
     """Tokens per DATA frame so that one frame's raw blob stays within ``max_payload_bytes``."""
-    per_token = n_layers * hidden * 2 + 4 + 1
+    per_token = (n_layers * (hidden + 4) if fp8 else n_layers * hidden * 2) + 4 + 1
     return max(1, (max_payload_bytes - SAFETENSORS_HEADER_BYTES) // per_token)
 
 
-def n_frames(result: Result, max_payload_bytes: int) -> int:
+def n_frames(result: Result, max_payload_bytes: int, fp8: bool = False) -> int:
     """Frames ``encode_result`` makes for ``result`` (known before it runs, so seqs can be handed out)."""
     if result.error is not None:
         return 1
     n_tokens, n_layers, hidden = result.states.shape
-    return -(-int(n_tokens) // tokens_per_blob(int(n_layers), int(hidden), max_payload_bytes))
+    return -(-int(n_tokens) // tokens_per_blob(int(n_layers), int(hidden), max_payload_bytes, fp8))
+
+
+def quantize_fp8(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 states ``[n, L, H]`` -> (e4m3fn codes as uint8 ``[n, L, H]``, float32 scales ``[n, L]``):
+    ``eagle3.core.fp8.quantize_states`` in torch (the same IEEE float32 division and rounding, so the
+    same bytes; ``tests/e2e/test_fp8_extract.py``), on the states' device."""
+    x = states.float()
+    amax = x.abs().amax(dim=-1)
+    scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    codes = (x / scales.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    return codes.cpu().contiguous(), scales.cpu().contiguous()
 
 
 Chunk = bytes | memoryview  # what the response body yields (starlette takes both)
 
 
-def sample_blobs(result: Result, max_payload_bytes: int) -> list[tuple[int, int, list[Chunk]]]:
+def sample_blobs(result: Result, max_payload_bytes: int, fp8: bool = False) -> list[tuple[int, int, list[Chunk]]]:
     """``(token_start, token_end, safetensors blob as parts)`` covering the sample, each within the limit.
     The parts are views of the states (no copy); write them in order."""
     states = result.states.to(torch.bfloat16).contiguous()  # [n, L+1, H]; no copy when already bf16
     n_tokens, n_layers, hidden = states.shape
     ids = np.asarray(result.sample.input_ids, dtype="<i4")
     mask = np.asarray(result.sample.loss_mask, dtype=np.uint8)
-    step = tokens_per_blob(n_layers, hidden, max_payload_bytes)
+    step = tokens_per_blob(n_layers, hidden, max_payload_bytes, fp8)
+    codes, scales = quantize_fp8(states) if fp8 else (states, None)
     out = []
     for start in range(0, n_tokens, step):
         end = min(n_tokens, start + step)
         tensors = {
-            "hidden_states": RawTensor("BF16", (end - start, n_layers, hidden), tensor_bytes(states[start:end])),
+            "hidden_states": RawTensor(
+                "F8_E4M3" if fp8 else "BF16", (end - start, n_layers, hidden), tensor_bytes(codes[start:end])
+            ),
+        }
+        if scales is not None:
+            tensors["hidden_scales"] = RawTensor("F32", (end - start, n_layers), tensor_bytes(scales[start:end]))
+        tensors |= {
             "input_ids": RawTensor("I32", (end - start,), ids[start:end].data.cast("B")),
             "loss_mask": RawTensor("U8", (end - start,), mask[start:end].data.cast("B")),
         }
@@ -126,7 +147,7 @@ def encode_result(result: Result, seq: int, opts: EncodeOptions) -> Encoded:
         meta = SampleErrorMeta(sample.sample_id, sample.index, ErrorInfo.from_dict(result.error)).to_dict()
         return Encoded([encode_frame(Frame(FrameType.SAMPLE_ERROR, seq, meta))], 0, 0, 0.0, 0.0)
     started = time.perf_counter()
-    blobs = sample_blobs(result, opts.max_payload_bytes)
+    blobs = sample_blobs(result, opts.max_payload_bytes, opts.fp8)
     copied = time.perf_counter()
     parts: list[Chunk] = []
     raw_total, wire_total = 0, 0
@@ -213,7 +234,7 @@ class ExtractStream:
                     return
                 for result in results:
                     future = loop.run_in_executor(self.executor, encode_result, result, self.seq, self.opts)
-                    count = n_frames(result, self.opts.max_payload_bytes)
+                    count = n_frames(result, self.opts.max_payload_bytes, self.opts.fp8)
                     self.seq += count
                     encoding.append((result, count, future))
                 if not encoding:

@@ -38,6 +38,9 @@ class ExtractRequest(BaseModel):
     # "use": served from the feature cache when present (and stored); "bypass": computed, neither read nor
     # stored (eagle3.core.protocol.wire.CACHE_MODES)
     cache: Literal["use", "bypass"] = "use"
+    # the states' format on the wire (eagle3.core.protocol.wire.STATE_DTYPES): bf16 as computed, or FP8
+    # (e4m3fn codes + a float32 scale per token and layer, quantized from those bf16 states: core/fp8.py)
+    dtype: Literal["bfloat16", "float8_e4m3fn"] = "bfloat16"
 
     @field_validator("codec")
     @classmethod

@@ -14,7 +14,19 @@ Each shard is one safetensors file holding many samples, concatenated along the 
     sample_offsets  I64  [n + 1]     sample i is rows sample_offsets[i]:sample_offsets[i+1]
 
 and ``__metadata__`` = {"schema_version", "sample_ids" (JSON list), "layer_ids" (JSON list),
-"final_norm_applied": "false"}.
+"final_norm_applied": "false", "dtype", "codec"}.
+
+Two opt-in variants (``features.json`` ``dtype`` and ``shard_codec``; every manifest line repeats its
+shard's, so a directory holding shards of two formats is found and refused, never read as one):
+
+* ``dtype = "float8_e4m3fn"`` (FP8, ``core/fp8.py``): ``hidden_states`` is ``F8_E4M3 [T, L, H]`` and
+  ``hidden_scales F32 [T, L]`` follows it (state = e4m3 value x its token's and layer's scale; the
+  scale is ``amax / 448`` of that token's layer). Lossy: about half the bytes of bf16.
+* ``shard_codec = "zstd+planes"`` (bf16) or ``"zstd"`` (FP8): lossless compression at rest, per
+  sample so a sample is read without its neighbours. ``hidden_states`` is replaced by
+  ``hidden_states_zstd U8 [B]`` (the samples' states compressed one by one with the wire's codec,
+  ``core/codec.py::encode_payload``, concatenated) and ``hidden_states_zstd_offsets I64 [n + 1]``
+  (sample ``i``'s bytes); the other tensors stay as they are.
 
 Invariants:
 
@@ -46,6 +58,11 @@ FEATURES_META_FILE = "features.json"
 MANIFEST_FILE = "manifest.jsonl"
 SHARDS_DIR = "shards"
 SHARD_TENSORS = ("hidden_states", "input_ids", "loss_mask", "sample_offsets")
+DTYPE_BF16 = "bfloat16"
+DTYPE_FP8 = "float8_e4m3fn"
+FEATURE_DTYPES = {"bf16": DTYPE_BF16, "fp8": DTYPE_FP8}  # the --feature-dtype choices -> features.json dtype
+SHARD_CODECS = {DTYPE_BF16: "zstd+planes", DTYPE_FP8: "zstd"}  # compressed at rest: the codec each dtype gets
+CODEC_NONE = "none"
 
 
 class FeaturesFormatError(Eagle3Error, ValueError):
@@ -60,12 +77,31 @@ class FeaturesMeta:
     final_layer_id: int  # = number of decoder layers N
     hidden_size: int
     vocab_size: int
-    dtype: str  # on disk: "bfloat16"
+    dtype: str  # the states on disk: "bfloat16" (lossless, the default) or "float8_e4m3fn" (FP8, opt-in)
     tokenizer_sha256: str
     prepared_dir: str = ""
     n_samples_total: int = 0  # samples in the prepared dataset this directory is filled from
     final_norm_applied: bool = False
     schema_version: int = FEATURES_SCHEMA_VERSION
+    shard_codec: str = CODEC_NONE  # "none", or the lossless compression at rest (SHARD_CODECS)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in SHARD_CODECS:
+            raise FeaturesFormatError(f"{FEATURES_META_FILE}: dtype {self.dtype!r} is not one of {list(SHARD_CODECS)}")
+        if self.shard_codec not in (CODEC_NONE, SHARD_CODECS[self.dtype]):
+            raise FeaturesFormatError(
+                f"{FEATURES_META_FILE}: shard_codec {self.shard_codec!r} with dtype {self.dtype!r}; expected "
+                f"{CODEC_NONE!r} or {SHARD_CODECS[self.dtype]!r}"
+            )
+
+    @property
+    def feature_format(self) -> str:
+        """``dtype/codec``, e.g. ``bfloat16/none``: what a reader must decode, one per directory."""
+        return f"{self.dtype}/{self.shard_codec}"
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype == DTYPE_FP8
 
     @property
     def n_layers_stored(self) -> int:
@@ -103,6 +139,12 @@ class ShardRecord:
     model_id: str
     aux_layer_ids: tuple[int, ...]
     xxh3_128: str = ""  # of the whole file (hex): the digest new shards get (memory speed, xxhash)
+    dtype: str = DTYPE_BF16  # the shard's states (FeaturesMeta.dtype); lines of bf16 shards leave it out
+    codec: str = CODEC_NONE  # the shard's compression at rest (FeaturesMeta.shard_codec); "none" left out
+
+    @property
+    def feature_format(self) -> str:
+        return f"{self.dtype}/{self.codec}"
 
     def __post_init__(self) -> None:
         if len(self.sample_ids) != len(self.n_tokens) or not self.sample_ids:
@@ -111,7 +153,8 @@ class ShardRecord:
             raise FeaturesFormatError(f"manifest line for {self.shard}: no checksum (xxh3_128 or sha256)")
 
     def to_line(self) -> str:
-        fields = {k: v for k, v in asdict(self).items() if v != "" or k not in ("sha256", "xxh3_128")}
+        defaults = {"sha256": "", "xxh3_128": "", "dtype": DTYPE_BF16, "codec": CODEC_NONE}
+        fields = {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
         return json.dumps(fields, separators=(",", ":")) + "\n"
 
     @classmethod
@@ -127,6 +170,8 @@ class ShardRecord:
                 model_id=str(data["model_id"]),
                 aux_layer_ids=tuple(int(i) for i in data["aux_layer_ids"]),
                 xxh3_128=str(data.get("xxh3_128", "")),
+                dtype=str(data.get("dtype", DTYPE_BF16)),
+                codec=str(data.get("codec", CODEC_NONE)),
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise FeaturesFormatError(f"{where}: not a manifest record ({exc})") from None

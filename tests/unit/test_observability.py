@@ -120,7 +120,7 @@ def test_openapi_describes_extract(tmp_path: Path) -> None:
     assert op["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ExtractRequest"}
     schemas = spec["components"]["schemas"]
     assert {"ExtractRequest", "SampleIn", "MessageIn"} <= set(schemas)
-    assert set(schemas["ExtractRequest"]["properties"]) == {"samples", "codec", "zstd_level", "cache"}
+    assert set(schemas["ExtractRequest"]["properties"]) == {"samples", "codec", "zstd_level", "cache", "dtype"}
     assert any(t.startswith("application/x-eagle3-frames") for t in op["responses"]["200"]["content"])
     assert {"/livez", "/readyz", "/v1/info", "/v1/status"} <= set(spec["paths"])
 
