@@ -302,7 +302,8 @@ def print_eval_matrix(
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir(args.model)))
     bench = [render_user_prompt(tokenizer, p.text) for p in prompt_set(MT_BENCH)[: args.mt_bench_prompts]]
     sets = [(MT_BENCH, bench), (HELDOUT, heldout_prompts(prepared, features, args.eval_prompts, fraction))]
-    print(f"  tau matrix: {len(bench)} MT-Bench first turns and {len(sets[1][1])} held-out prompts at k={ks}")
+    k_text = ",".join(map(str, ks))
+    print(f"  tau matrix: {len(bench)} MT-Bench first turns and {len(sets[1][1])} held-out prompts at k={k_text}")
     cells: list[tuple[str, int, float]] = []
     identical = True
     for name, prompts in sets:
