@@ -100,7 +100,7 @@ def _chunk(
     tokens, Vd 32,000), while the whole [T, Vd] tensor is one shared reference. alpha carries gradients only
     when ``accept_grad`` (an LK objective); for KL it is a logged metric."""
     logits = draft.logits(prenorm)  # [c, Vd]
-    log_q = functional.log_softmax(logits.float(), -1)  # [c, Vd]
+    log_q = functional.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [c, Vd] >= fp32
     log_p = teacher_logp[teacher_rows]  # [c, Vd], renormalised over the draft vocab
     ce = -(log_p.exp() * log_q).sum(-1)  # [c]
     with torch.set_grad_enabled(accept_grad and torch.is_grad_enabled()):
@@ -123,7 +123,7 @@ def chunk_terms(
     ``teacher_arg`` [T] / ``teacher_log_mass`` [T] (log of the verifier's probability mass on the draft
     vocab; None: 0, all of it) are ``teacher_rows`` [m]."""
     if teacher_log_mass is None:
-        teacher_log_mass = torch.zeros(teacher_logp.shape[0], device=teacher_logp.device)
+        teacher_log_mass = torch.zeros(teacher_logp.shape[0], dtype=teacher_logp.dtype, device=teacher_logp.device)
     accept_grad = objective.name != "kl"
     step = chunk_rows_for(teacher_logp.shape[-1], prenorm.device)
     keep = rows.shape[0] * teacher_logp.shape[-1] <= KEEP_LOSS_ELEMENTS  # small step: one chunk, no recompute
