@@ -57,7 +57,7 @@ class TrainConfig:
     # (the LK losses, direct acceptance-rate objectives, arXiv:2602.23881; docs/training.md "Objective")
     loss: str = "kl"
     lk_kl_scale: float = 1.0  # lk_lambda: KL weight w = lk_kl_scale * exp(-lk_kl_decay * mean acceptance)
-    lk_kl_decay: float = 1.0
+    lk_kl_decay: float = 3.0  # SpecForge PR #492's --kl-decay default (the paper's eta = 3)
     max_batch_tokens: int = 2048  # tokens per micro-batch (packed, no padding)
     grad_accum_steps: int = 1  # micro-batches per rank per optimizer step
     epochs: int = 1

@@ -61,8 +61,8 @@ class Objective:
     """The training objective of a step's counted rows (module docstring; ``TrainConfig.loss``, ``lk_*``)."""
 
     name: str = "kl"
-    kl_scale: float = 1.0  # lk_lambda: w = kl_scale * exp(-kl_decay * mean alpha) (SpecForge's defaults)
-    kl_decay: float = 1.0
+    kl_scale: float = 1.0  # lk_lambda: w = kl_scale * exp(-kl_decay * mean alpha); SpecForge PR #492's
+    kl_decay: float = 3.0  # defaults (--kl-scale 1, --kl-decay 3)
 
     def __post_init__(self) -> None:
         if self.name not in OBJECTIVES:

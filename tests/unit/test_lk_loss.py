@@ -45,7 +45,8 @@ def _terms(
 def test_values_equal_a_hand_computation() -> None:
     """q = (0.5, 0.25, 0.25); the verifier puts (0.4, 0.4, 0.1) on the draft vocab and 0.1 outside it.
     alpha = min(.4,.5) + min(.4,.25) + min(.1,.25) = 0.75 (the 0.1 outside is never accepted);
-    CE = -sum (p/0.9) log q; lk_alpha = -log 0.75; lk_lambda = w CE + (1 - w)(1 - 0.75), w = exp(-0.75)."""
+    CE = -sum (p/0.9) log q; lk_alpha = -log 0.75; lk_lambda = w CE + (1 - w)(1 - 0.75), w = exp(-3 * 0.75)
+    (the defaults kl_scale 1, kl_decay 3)."""
     q = torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float64)
     p = torch.tensor([[0.4, 0.4, 0.1]], dtype=torch.float64)
     ce_hand = -(0.4 / 0.9 * math.log(0.5) + 0.4 / 0.9 * math.log(0.25) + 0.1 / 0.9 * math.log(0.25))
@@ -55,7 +56,7 @@ def test_values_equal_a_hand_computation() -> None:
     assert bool(hit)  # both argmax at token 0
     assert float(Objective("kl").step_sum(ce, accept)) == pytest.approx(ce_hand, abs=1e-12)
     assert float(Objective("lk_alpha").step_sum(ce, accept)) == pytest.approx(-math.log(0.75), abs=1e-12)
-    w = math.exp(-0.75)
+    w = math.exp(-3 * 0.75)
     lam = Objective("lk_lambda").step_sum(ce, accept)
     assert float(lam) == pytest.approx(w * ce_hand + (1 - w) * 0.25, abs=1e-12)
     w2 = 0.5 * math.exp(-3 * 0.75)  # kl_scale 0.5, kl_decay 3
@@ -64,10 +65,10 @@ def test_values_equal_a_hand_computation() -> None:
 
 
 def test_lambda_weight_is_the_mean_acceptance_of_the_step() -> None:
-    """Two rows, alphas 0.75 and 0.25: w = exp(-mean alpha) = exp(-0.5) weights both rows' CE."""
+    """Two rows, alphas 0.75 and 0.25: w = exp(-3 mean alpha) = exp(-1.5) weights both rows' CE."""
     ce = torch.tensor([2.0, 3.0], dtype=torch.float64)
     accept = torch.tensor([0.75, 0.25], dtype=torch.float64)
-    w = math.exp(-0.5)
+    w = math.exp(-1.5)
     got = Objective("lk_lambda").step_sum(ce, accept)
     assert float(got) == pytest.approx(w * 5.0 + (1 - w) * (0.25 + 0.75), abs=1e-12)
 
@@ -91,7 +92,7 @@ def test_gradients_by_gradcheck_in_float64(monkeypatch: pytest.MonkeyPatch, chun
     assert torch.autograd.gradcheck(parts, (logits,), eps=1e-6, atol=1e-7)
 
     ce, accept, _ = _terms(logits, p, Objective("lk_lambda"))
-    w = math.exp(-float(accept.detach().mean()))
+    w = math.exp(-3 * float(accept.detach().mean()))
     (got,) = torch.autograd.grad(Objective("lk_lambda").step_sum(ce, accept), logits)
     ce, accept, _ = _terms(logits, p, Objective("lk_lambda"))
     (want,) = torch.autograd.grad(w * ce.sum() - (1 - w) * accept.sum(), logits)
