@@ -171,7 +171,7 @@ def test_optimum_is_where_the_definition_puts_it(name: str) -> None:
     for mass in (1.0, 0.9):
         logits = torch.zeros(3, 8, dtype=torch.float64, requires_grad=True)
         optimizer = torch.optim.Adam([logits], lr=0.1)
-        for _ in range(600):
+        for _ in range(1500):
             optimizer.zero_grad()
             ce, accept, _ = _terms(logits, p * mass, Objective(name))
             Objective(name).step_sum(ce, accept).backward()
