@@ -307,7 +307,7 @@ class Trainer:
 
     def _evaluate_heldout(self) -> dict[str, Any]:
         cfg = self.cfg
-        stats = torch.zeros(3, cfg.ttt_steps, device=self.device)
+        stats = torch.zeros(4, cfg.ttt_steps, device=self.device)  # CE, correct, terms, expected acceptance
         rounds = RoundCounts(cfg.ttt_steps)
         plan = self.data.plan(
             self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False, truncate=True
@@ -315,7 +315,7 @@ class Trainer:
         for positions in plan[self.rank :: self.world]:
             batch = self.data.load(positions, cfg.max_batch_tokens).to(self.device)
             result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, attention=cfg.attention)
-            stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
+            stats += torch.stack([result.loss_sums, result.correct, result.n_terms, result.accept_sums])
             rounds.merge(
                 simulate_rounds(
                     torch.stack(result.hits).cpu(), batch.loss_mask.cpu(), batch.seg_start.cpu(), batch.seg_end.cpu()
@@ -333,6 +333,7 @@ class Trainer:
             "heldout_sim_accept": simulated_acceptance(acc),
             "heldout_terms": stats[2].tolist(),
             "heldout_ce": (stats[0] / stats[2].clamp(min=1)).tolist(),
+            "heldout_alpha": (stats[3] / stats[2].clamp(min=1)).tolist(),  # sum min(p, q): ttt_loss.py
             "heldout_tau": rounds.tau,
             "heldout_accepted_per_position": rounds.accepted_per_position,
             "heldout_rounds": rounds.rounds,

@@ -213,7 +213,13 @@ def test_an_lk_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     files = training_files(tmp_path / "data", 24, seed=1)
     settings: dict[str, Any] = dict(
-        files, ttt_steps="3", max_batch_tokens="96", epochs="3", progress="false", loss="lk_lambda"
+        files,
+        ttt_steps="3",
+        max_batch_tokens="96",
+        epochs="3",
+        progress="false",
+        loss="lk_lambda",
+        heldout_fraction="0.3",
     )
     straight = Trainer(train_config.load_config(None, dict(settings, out=str(tmp_path / "a"))))
     want = [straight.train_step()["loss"] for _ in range(6)]
@@ -226,6 +232,8 @@ def test_an_lk_run_resumes_to_the_same_losses(tmp_path: Path) -> None:
     assert second.resume() and second.step == 3
     got += [second.train_step()["loss"] for _ in range(3)]
     assert got == pytest.approx(want, rel=1e-6)
+    held = second.evaluate_heldout()  # the held-out evaluation reports the expected acceptance too
+    assert len(held["heldout_alpha"]) == 3 and all(0 < a < 1 for a in held["heldout_alpha"])
     saved = tmp_path / "b" / "config.json"
     saved.write_text(cfg.to_json())
     assert train_config.load_config(saved).loss == "lk_lambda"
