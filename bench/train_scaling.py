@@ -88,6 +88,7 @@ def run_one(shape: str, tokens: int, attention: str, device_name: str, steps: in
     draft, teacher = _model(shape, device)
     batch = _batch(shape, tokens, device)
     in_vocab = torch.ones(tokens, dtype=torch.bool, device=device)
+    log_mass = torch.zeros(tokens, device=device)  # cached teacher stats (the trainer caches them per sample)
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     cuda = device.type == "cuda"
@@ -95,7 +96,15 @@ def run_one(shape: str, tokens: int, attention: str, device_name: str, steps: in
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-            result = ttt_forward(draft, teacher, batch, TTT_STEPS, teacher_in_vocab=in_vocab, attention=attention)
+            result = ttt_forward(
+                draft,
+                teacher,
+                batch,
+                TTT_STEPS,
+                teacher_in_vocab=in_vocab,
+                attention=attention,
+                teacher_log_mass=log_mass,
+            )
         result.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()

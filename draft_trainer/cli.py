@@ -12,6 +12,8 @@ from eagle3.core.cli_args import add_model_argument, non_negative_float, positiv
 from eagle3.core.prompt_sets import PROMPT_SETS
 from eagle3.draft_trainer.vocab import VOCAB_FILE, VocabStats, make_vocab
 
+LOSSES = ("kl", "lk_lambda", "lk_alpha")  # config.LOSSES, named here so that --help does not import torch
+
 
 def add_vocab_command(sub: Any) -> None:
     p = sub.add_parser(
@@ -107,6 +109,14 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
     p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics, draft/)")
     p.add_argument("--config", type=Path, default=None, help="config file (.yaml, .json or .toml) of TrainConfig keys")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
+    p.add_argument(
+        "--loss",
+        choices=LOSSES,
+        default=None,
+        help="training objective (config key loss; default kl): kl, or the LK acceptance-rate losses lk_lambda "
+        "(KL blended into 1 - acceptance; keys lk_kl_scale, lk_kl_decay) or lk_alpha (-log acceptance), "
+        "arXiv:2602.23881 (docs/training.md)",
+    )
     p.set_defaults(func=partial(run_train, make_source=make_source))
 
     p = sub.add_parser(
@@ -279,6 +289,8 @@ def run_train(args: argparse.Namespace, make_source: Callable[[argparse.Namespac
         overrides["features"] = str(args.features)
     if args.model is not None:
         overrides["model"] = args.model
+    if args.loss is not None:
+        overrides["loss"] = args.loss
     overrides.update(parse_overrides(args.set))
     cfg = load_config(args.config, overrides)
     require_model(cfg.model or None, "or the key model of --config, or --set model=...")

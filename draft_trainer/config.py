@@ -21,6 +21,7 @@ from eagle3.draft_trainer.trackers import parse_log_to
 
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 _ATTENTION = ("auto", "blockwise", "flex", "dense")  # draft_trainer/ttt_attention.py IMPLEMENTATIONS
+LOSSES = ("kl", "lk_lambda", "lk_alpha")  # draft_trainer/ttt_loss.py OBJECTIVES
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -53,6 +54,11 @@ class TrainConfig:
     out: str = "run"  # run directory
     ttt_steps: int = 7  # K unrolled draft steps
     step_decay: float = 0.8  # step k's loss weight is step_decay**k
+    # the objective per step: "kl" (CE to the verifier's draft-vocab distribution), "lk_lambda" or "lk_alpha"
+    # (the LK losses, direct acceptance-rate objectives, arXiv:2602.23881; docs/training.md "Objective")
+    loss: str = "kl"
+    lk_kl_scale: float = 1.0  # lk_lambda: KL weight w = lk_kl_scale * exp(-lk_kl_decay * mean acceptance)
+    lk_kl_decay: float = 3.0  # SpecForge PR #492's --kl-decay default (the paper's eta = 3)
     max_batch_tokens: int = 2048  # tokens per micro-batch (packed, no padding)
     grad_accum_steps: int = 1  # micro-batches per rank per optimizer step
     epochs: int = 1
@@ -125,6 +131,12 @@ class TrainConfig:
             raise ConfigError(
                 "features is the offline mode; prepared/features_cache are for streaming from "
                 "servers (--server): give one or the other"
+            )
+        if self.loss not in LOSSES:
+            raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.lk_kl_scale < 0 or self.lk_kl_decay < 0:
+            raise ConfigError(
+                f"lk_kl_scale and lk_kl_decay must be >= 0, got {self.lk_kl_scale} and {self.lk_kl_decay}"
             )
         if self.attention not in _ATTENTION:
             raise ConfigError(f"attention must be one of {', '.join(_ATTENTION)}, got {self.attention!r}")

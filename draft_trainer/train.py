@@ -50,6 +50,7 @@ from eagle3.draft_trainer.ttt import (
     step_counts,
     ttt_forward,
 )
+from eagle3.draft_trainer.ttt_loss import Objective
 from eagle3.draft_trainer.vocab import VOCAB_FILE, load_vocab
 
 METRICS_FILE = "metrics.jsonl"
@@ -171,7 +172,9 @@ class Trainer:
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, self.total_steps))
         self._plans: dict[int, list[list[int]]] = {0: first}
-        self._in_vocab: dict[int, torch.Tensor] = {}  # reader position -> [n] bool, teacher argmax in vocab
+        # reader position -> ([n] bool teacher argmax in the draft vocab, [n] log teacher mass on it)
+        self._in_vocab: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.objective = Objective(cfg.loss, cfg.lk_kl_scale, cfg.lk_kl_decay)
         self.step = 0
 
     def plan(self, epoch: int) -> list[list[int]]:
@@ -208,16 +211,17 @@ class Trainer:
         self.step = int(state["step"])
         return True
 
-    def in_vocab(self, positions: list[int], batch: PackedBatch) -> torch.Tensor:
-        """[T] bool for a packed batch, each sample's rows computed once (the teacher never changes)."""
+    def in_vocab(self, positions: list[int], batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T] bool and [T] log mass (``Teacher.draft_vocab_stats``) for a packed batch, each sample's rows
+        computed once (the teacher never changes)."""
         parts, row = [], 0
         for pos in positions:
             n = int((batch.seg_end[row] - batch.seg_start[row]).item())
             if pos not in self._in_vocab:
-                self._in_vocab[pos] = self.teacher.argmax_in_vocab(batch.final[row : row + n], self.model.t2d)
+                self._in_vocab[pos] = self.teacher.draft_vocab_stats(batch.final[row : row + n], self.model.t2d)
             parts.append(self._in_vocab[pos])
             row += n
-        return torch.cat(parts)
+        return torch.cat([f for f, _ in parts]), torch.cat([m for _, m in parts])
 
     def my_micro_batches(self, step: int) -> list[list[int]]:
         """This rank's micro-batches of ``step``. Packing a reshuffled epoch can give more micro-batches
@@ -245,10 +249,10 @@ class Trainer:
             self.world,
         )
         self.optimizer.zero_grad(set_to_none=True)
-        stats = torch.zeros(3, cfg.ttt_steps, device=device)  # loss sums, correct, counted terms
+        stats = torch.zeros(4, cfg.ttt_steps, device=device)  # loss sums, correct, counted terms, acceptance
         loss_total = torch.zeros((), device=device)
         for batch, pos in zip(batches, positions, strict=True):
-            in_vocab = self.in_vocab(pos, batch)
+            in_vocab, log_mass = self.in_vocab(pos, batch)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 result = ttt_forward(
                     self.model,
@@ -259,10 +263,12 @@ class Trainer:
                     counts,
                     in_vocab,
                     attention=cfg.attention,
+                    teacher_log_mass=log_mass,
+                    objective=self.objective,
                 )
             result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
-            stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
+            stats += torch.stack([result.loss_sums, result.correct, result.n_terms, result.accept_sums])
         if self.world > 1:
             for p in self.params:
                 if p.grad is not None:
@@ -282,6 +288,7 @@ class Trainer:
             "acc": acc,
             "sim_accept": simulated_acceptance(acc),
             "ce": (stats[0] / stats[2].clamp(min=1)).tolist(),
+            "alpha": (stats[3] / stats[2].clamp(min=1)).tolist(),  # expected acceptance (ttt_loss.py)
             "lr": lr,
             "grad_norm": float(grad_norm),
             "tokens": int(n_tokens),
@@ -300,7 +307,7 @@ class Trainer:
 
     def _evaluate_heldout(self) -> dict[str, Any]:
         cfg = self.cfg
-        stats = torch.zeros(3, cfg.ttt_steps, device=self.device)
+        stats = torch.zeros(4, cfg.ttt_steps, device=self.device)  # CE, correct, terms, expected acceptance
         rounds = RoundCounts(cfg.ttt_steps)
         plan = self.data.plan(
             self.data.split.heldout, cfg.max_batch_tokens, seed=0, epoch=0, shuffle=False, truncate=True
@@ -308,7 +315,7 @@ class Trainer:
         for positions in plan[self.rank :: self.world]:
             batch = self.data.load_to(positions, cfg.max_batch_tokens, self.device)
             result = ttt_forward(self.model, self.teacher, batch, cfg.ttt_steps, attention=cfg.attention)
-            stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
+            stats += torch.stack([result.loss_sums, result.correct, result.n_terms, result.accept_sums])
             rounds.merge(
                 simulate_rounds(
                     torch.stack(result.hits).cpu(), batch.loss_mask.cpu(), batch.seg_start.cpu(), batch.seg_end.cpu()
@@ -326,6 +333,7 @@ class Trainer:
             "heldout_sim_accept": simulated_acceptance(acc),
             "heldout_terms": stats[2].tolist(),
             "heldout_ce": (stats[0] / stats[2].clamp(min=1)).tolist(),
+            "heldout_alpha": (stats[3] / stats[2].clamp(min=1)).tolist(),  # sum min(p, q): ttt_loss.py
             "heldout_tau": rounds.tau,
             "heldout_accepted_per_position": rounds.accepted_per_position,
             "heldout_rounds": rounds.rounds,

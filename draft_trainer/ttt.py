@@ -29,7 +29,7 @@ from safetensors import safe_open
 
 from eagle3.draft_trainer.model import EagleDraft
 from eagle3.draft_trainer.ttt_attention import TTTAttention
-from eagle3.draft_trainer.ttt_loss import chunk_rows_for, chunk_terms
+from eagle3.draft_trainer.ttt_loss import KL, Objective, chunk_rows_for, chunk_terms
 
 
 class Teacher(torch.nn.Module):
@@ -59,9 +59,22 @@ class Teacher(torch.nn.Module):
         """[n, Ht] -> [n] bool: the full-vocab argmax lies in the draft vocab (``t2d`` [V]).
 
         Row chunks of ``chunk_rows_for(V)``, so the full-vocab logits are never whole."""
+        return self.draft_vocab_stats(final, t2d)[0]
+
+    @torch.no_grad()
+    def draft_vocab_stats(self, final: torch.Tensor, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, Ht] -> ([n] bool: the full-vocab argmax lies in the draft vocab (``t2d`` [V]), [n] float: log of
+        the probability mass the full-vocab softmax puts on the draft vocab), in row chunks of
+        ``chunk_rows_for(V)``, so the full-vocab logits are never whole."""
         step = chunk_rows_for(self.lm_head_weight.shape[0], final.device)
-        parts = [t2d[self(final[i : i + step]).argmax(-1)] for i in range(0, final.shape[0], step)]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=final.device)
+        flags, masses = [], []
+        for i in range(0, final.shape[0], step):
+            full = self(final[i : i + step]).float()  # [c, V]
+            flags.append(t2d[full.argmax(-1)])
+            masses.append(full[:, t2d].logsumexp(-1) - full.logsumexp(-1))
+        if not flags:
+            return torch.zeros(0, dtype=torch.bool, device=final.device), torch.zeros(0, device=final.device)
+        return torch.cat(flags), torch.cat(masses)
 
 
 def load_verifier_tensors(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -128,31 +141,43 @@ class TTTResult:
     # per step [T] bool: the draft's token is the teacher's full-vocab argmax (False where the term is not
     # supervised, and where that argmax lies outside the draft vocab: online such a token is always rejected)
     hits: list[torch.Tensor] = field(default_factory=list)
+    # [K] summed expected acceptance sum_v min(p_v, q_v) over the counted terms (detached; draft_trainer/ttt_loss.py)
+    accept_sums: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
 
 
 def _teacher_targets(
-    draft: EagleDraft, teacher: Teacher, final: torch.Tensor, need: torch.Tensor, in_vocab: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher log-probs over the draft vocab [T, Vd] (0 where not ``need``) and [T] in-vocab flags.
+    draft: EagleDraft,
+    teacher: Teacher,
+    final: torch.Tensor,
+    need: torch.Tensor,
+    in_vocab: torch.Tensor | None,
+    log_mass: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher log-probs over the draft vocab [T, Vd] (0 where not ``need``), [T] in-vocab flags and [T] log
+    probability mass on the draft vocab.
 
-    Without cached ``in_vocab`` the full-vocab logits are computed in row chunks (never [T, V] whole)."""
+    Without cached ``in_vocab`` and ``log_mass`` the full-vocab logits are computed in row chunks (never
+    [T, V] whole)."""
     n, target_ids = final.shape[0], draft.target_ids
     teacher_logp = torch.zeros(n, target_ids.shape[0], device=final.device)  # [T, Vd]
     rows = need.nonzero().squeeze(1)  # [n_need]
-    if in_vocab is not None:
+    if in_vocab is not None and log_mass is not None:
         step = chunk_rows_for(target_ids.shape[0], final.device)
         for i in range(0, rows.shape[0], step):
             part = rows[i : i + step]
             teacher_logp[part] = teacher(final[part], target_ids).float().log_softmax(-1)  # [c, Vd]
-        return teacher_logp, in_vocab & need
+        return teacher_logp, in_vocab & need, log_mass
     flags = torch.zeros(n, dtype=torch.bool, device=final.device)  # [T]
+    masses = torch.zeros(n, device=final.device)  # [T]
     step = chunk_rows_for(teacher.lm_head_weight.shape[0], final.device)
     for i in range(0, rows.shape[0], step):
         part = rows[i : i + step]
-        full = teacher(final[part])  # [c, V]
-        teacher_logp[part] = full[:, target_ids].float().log_softmax(-1)
+        full = teacher(final[part]).float()  # [c, V]
+        in_draft = full[:, target_ids]
+        teacher_logp[part] = in_draft.log_softmax(-1)
+        masses[part] = in_draft.logsumexp(-1) - full.logsumexp(-1)
         flags[part] = draft.t2d[full.argmax(-1)]
-    return teacher_logp, flags
+    return teacher_logp, flags, masses
 
 
 def ttt_forward(
@@ -164,15 +189,18 @@ def ttt_forward(
     denominators: torch.Tensor | None = None,
     teacher_in_vocab: torch.Tensor | None = None,
     attention: str = "auto",
+    teacher_log_mass: torch.Tensor | None = None,
+    objective: Objective = KL,
 ) -> TTTResult:
     """Unroll ``ttt_steps`` draft steps; ``denominators`` [K] defaults to this batch's ``step_counts``.
 
-    ``teacher_in_vocab`` [T] bool (the teacher's full-vocab argmax of each row is in the draft vocab),
-    when a caller has it cached, spares the full-vocab teacher logits: only the draft-vocab columns are
-    computed (the softmax over them is the same either way). ``attention``: "auto" (flex_attention on
-    CUDA, blockwise elsewhere), "blockwise", "flex" or "dense" (the quadratic reference); all give the
-    same result (draft_trainer/ttt_attention.py). Memory is linear in the batch's tokens except with
-    "dense"; the loss runs in row chunks (draft_trainer/ttt_loss.py)."""
+    ``teacher_in_vocab`` [T] bool (the teacher's full-vocab argmax of each row is in the draft vocab) and
+    ``teacher_log_mass`` [T] (``Teacher.draft_vocab_stats``), when a caller has both cached, spare the
+    full-vocab teacher logits: only the draft-vocab columns are computed (the softmax over them is the same
+    either way). ``attention``: "auto" (flex_attention on CUDA, blockwise elsewhere), "blockwise", "flex" or
+    "dense" (the quadratic reference); all give the same result (draft_trainer/ttt_attention.py). Memory is
+    linear in the batch's tokens except with "dense"; the loss runs in row chunks (draft_trainer/ttt_loss.py).
+    ``objective``: the loss of the counted terms (draft_trainer/ttt_loss.py; KL by default)."""
     n = batch.n_tokens
     device = batch.input_ids.device  # the draft, teacher and batch share it
     rows = torch.arange(n, device=device)
@@ -180,12 +208,14 @@ def ttt_forward(
     # teacher log-probs over the draft vocab at every row whose next token is supervised
     need = step_valid(batch, -1)  # [T] row j is a teacher row iff token j+1 is supervised
     with torch.no_grad():
-        teacher_logp, in_vocab = _teacher_targets(draft, teacher, batch.final, need, teacher_in_vocab)
+        teacher_logp, in_vocab, log_mass = _teacher_targets(
+            draft, teacher, batch.final, need, teacher_in_vocab, teacher_log_mass
+        )
         teacher_arg = teacher_logp.argmax(-1)  # [T] draft ids
     steps_attention = TTTAttention.for_batch(batch.seg_start, draft.midlayer.self_attn.n_heads, attention)
     hidden = draft.project_aux(batch.aux)  # [T, H]
     loss = torch.zeros((), device=device)
-    sums, correct, counted, terms, hits = [], [], [], [], []
+    sums, correct, counted, terms, hits, accepts = [], [], [], [], [], []
     for k in range(ttt_steps):
         tok_rows = (rows + k + 1).clamp(max=n - 1)  # [T]
         prenorm = draft.step(batch.input_ids[tok_rows], hidden, batch.positions + k, steps_attention)  # [T, H]
@@ -194,21 +224,25 @@ def ttt_forward(
         hit = torch.zeros(n, dtype=torch.bool, device=device)
         if bool(mask.any()):
             counted_rows = mask.nonzero().squeeze(1)  # [m]
-            ce, same_token = chunk_terms(
-                draft, prenorm, counted_rows, tok_rows[counted_rows], teacher_logp, teacher_arg
+            ce, accept, same_token = chunk_terms(
+                draft, prenorm, counted_rows, tok_rows[counted_rows], teacher_logp, teacher_arg, log_mass, objective
             )
-            loss = loss + (step_decay**k) * ce.sum() / denominators[k].clamp(min=1)
+            loss = loss + (step_decay**k) * objective.step_sum(ce, accept) / denominators[k].clamp(min=1)
             term = term.index_put((counted_rows,), ce.detach())
             hit = hit.index_put((counted_rows,), same_token)
             correct.append(same_token.sum().float())
+            accepts.append(accept.detach().sum())
         else:
             correct.append(torch.zeros((), device=device))
+            accepts.append(torch.zeros((), device=device))
         sums.append(term.sum())
         counted.append(mask.sum().float())
         terms.append(term)
         hits.append(hit)
         hidden = prenorm
-    return TTTResult(loss, torch.stack(sums), torch.stack(correct), torch.stack(counted), terms, hits)
+    return TTTResult(
+        loss, torch.stack(sums), torch.stack(correct), torch.stack(counted), terms, hits, torch.stack(accepts)
+    )
 
 
 def simulated_acceptance(accuracy: list[float]) -> float:

@@ -12,9 +12,27 @@ micro-batch) is one chunk computed without the checkpoint: its activations (a fe
 <= 16 MiB each in fp32) are kept for backward instead of the logits being recomputed there: 6-8 % more
 tokens/s on CPU, measured side by side (docs/training.md, "Speed on this CPU").
 Memory stays bounded by a constant per step, so it stays linear in tokens for large micro-batches.
+
+The objective (``TrainConfig.loss``, ``Objective``): "kl" (default) is the CE above. "lk_lambda" and
+"lk_alpha" are the LK losses (Samarin et al., "LK Losses: Direct Acceptance Rate Optimization for
+Speculative Decoding", arXiv:2602.23881; as SpecForge PR #492 implements them, ``specforge/core/lk_loss.py``),
+built on a row's expected acceptance under speculative sampling, ``alpha = sum_v min(p_v, q_v)`` = 1 - TV:
+``q`` the draft's softmax over the draft vocab, ``p`` the verifier's full-vocab probabilities of the draft
+vocab's tokens, *not* renormalised (the mass on tokens outside the draft vocab is acceptance the draft
+can never get; the CE keeps the renormalised distribution). Per step, over its counted rows:
+
+* lk_alpha: ``-mean(log alpha)`` (a row whose alpha is 0 adds 0, as the reference's ``where``);
+* lk_lambda: ``w * mean(CE) + (1 - w) * (1 - mean(alpha))``, ``w = kl_scale * exp(-kl_decay * mean(alpha))``
+  with the mean acceptance detached (w moves from the KL side to the acceptance side as the draft improves).
+
+Both are sums of per-row terms (w is a constant of the step's micro-batch), so the chunked loss equals the
+unchunked one. Under greedy verification (eagle3's eval, temperature 0) a row is accepted iff the draft's
+argmax is the verifier's; the sampled-verification alpha is the smooth objective the reference trains on.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional
@@ -35,21 +53,59 @@ def chunk_rows_for(vocab_size: int, device: torch.device | None = None) -> int:
     return max(1, (CUDA_LOSS_CHUNK_ELEMENTS if cuda else LOSS_CHUNK_ELEMENTS) // vocab_size)
 
 
+OBJECTIVES = ("kl", "lk_lambda", "lk_alpha")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The training objective of a step's counted rows (module docstring; ``TrainConfig.loss``, ``lk_*``)."""
+
+    name: str = "kl"
+    kl_scale: float = 1.0  # lk_lambda: w = kl_scale * exp(-kl_decay * mean alpha); SpecForge PR #492's
+    kl_decay: float = 3.0  # defaults (--kl-scale 1, --kl-decay 3)
+
+    def __post_init__(self) -> None:
+        if self.name not in OBJECTIVES:
+            raise ValueError(f"loss must be one of {', '.join(OBJECTIVES)}, got {self.name!r}")
+        if self.kl_scale < 0 or self.kl_decay < 0:
+            raise ValueError(f"lk_kl_scale and lk_kl_decay must be >= 0, got {self.kl_scale} and {self.kl_decay}")
+
+    def step_sum(self, ce: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+        """[m] CE and [m] expected acceptance of one step's counted rows -> the objective summed over them
+        (the caller divides by the step's term count: a mean over the micro-batch, as the reference's)."""
+        if self.name == "kl" or ce.numel() == 0:
+            return ce.sum()
+        if self.name == "lk_alpha":
+            return -torch.where(accept > 0, accept.clamp(min=torch.finfo(accept.dtype).tiny).log(), 0).sum()
+        weight = self.kl_scale * torch.exp(-self.kl_decay * accept.detach().mean())
+        return weight * ce.sum() + (1 - weight) * (1 - accept).sum()
+
+
+KL = Objective()
+
+
 def _chunk(
     draft: EagleDraft,
     prenorm: torch.Tensor,
     teacher_logp: torch.Tensor,
+    teacher_log_mass: torch.Tensor,
     teacher_rows: torch.Tensor,
     teacher_arg: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """[c, H] prenorm, the micro-batch's [T, Vd] teacher log-probs and the chunk's [c] rows of it, [c] teacher
-    argmax -> ([c] CE, [c] bool argmax hits). The teacher rows are gathered here, inside the checkpoint: a
-    gathered [c, Vd] argument would be a copy the checkpoint keeps for backward (K x T x Vd fp32 over a step's
-    chunks and the K steps: 3.7 GB at 4,096 tokens, Vd 32,000), while the whole [T, Vd] tensor is one shared
-    reference."""
+    accept_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[c, H] prenorm, the micro-batch's [T, Vd] teacher log-probs, its [T] log draft-vocab mass and the chunk's
+    [c] rows of them, [c] teacher argmax -> ([c] CE, [c] expected acceptance alpha, [c] bool argmax hits).
+    The teacher rows are gathered here, inside the checkpoint: a gathered [c, Vd] argument would be a copy the
+    checkpoint keeps for backward (K x T x Vd fp32 over a step's chunks and the K steps: 3.7 GB at 4,096
+    tokens, Vd 32,000), while the whole [T, Vd] tensor is one shared reference. alpha carries gradients only
+    when ``accept_grad`` (an LK objective); for KL it is a logged metric."""
     logits = draft.logits(prenorm)  # [c, Vd]
-    ce = -(teacher_logp[teacher_rows].exp() * functional.log_softmax(logits.float(), -1)).sum(-1)  # [c]
-    return ce, logits.argmax(-1) == teacher_arg
+    log_q = functional.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [c, Vd] >= fp32
+    log_p = teacher_logp[teacher_rows]  # [c, Vd], renormalised over the draft vocab
+    ce = -(log_p.exp() * log_q).sum(-1)  # [c]
+    with torch.set_grad_enabled(accept_grad and torch.is_grad_enabled()):
+        accept = torch.minimum((log_p + teacher_log_mass[teacher_rows, None]).exp(), log_q.exp()).sum(-1)  # [c]
+    return ce, accept, logits.argmax(-1) == teacher_arg
 
 
 def chunk_terms(
@@ -59,22 +115,29 @@ def chunk_terms(
     teacher_rows: torch.Tensor,
     teacher_logp: torch.Tensor,
     teacher_arg: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """CE [m] and argmax hits ([m] bool: the draft's top token is the teacher's) of the ``m`` counted
-    ``rows`` of ``prenorm`` [T, H], whose teacher rows of ``teacher_logp`` [T, Vd] / ``teacher_arg`` [T]
-    are ``teacher_rows`` [m]."""
+    teacher_log_mass: torch.Tensor | None = None,
+    objective: Objective = KL,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CE [m], expected acceptance [m] and argmax hits ([m] bool: the draft's top token is the teacher's) of
+    the ``m`` counted ``rows`` of ``prenorm`` [T, H], whose teacher rows of ``teacher_logp`` [T, Vd] /
+    ``teacher_arg`` [T] / ``teacher_log_mass`` [T] (log of the verifier's probability mass on the draft
+    vocab; None: 0, all of it) are ``teacher_rows`` [m]."""
+    if teacher_log_mass is None:
+        teacher_log_mass = torch.zeros(teacher_logp.shape[0], dtype=teacher_logp.dtype, device=teacher_logp.device)
+    accept_grad = objective.name != "kl"
     step = chunk_rows_for(teacher_logp.shape[-1], prenorm.device)
     keep = rows.shape[0] * teacher_logp.shape[-1] <= KEEP_LOSS_ELEMENTS  # small step: one chunk, no recompute
     if keep:
         step = max(step, rows.shape[0])
-    ces, hits = [], []
+    ces, accepts, hits = [], [], []
     for start in range(0, rows.shape[0], step):
         part, tpart = rows[start : start + step], teacher_rows[start : start + step]
-        args = (draft, prenorm[part], teacher_logp, tpart, teacher_arg[tpart])
+        args = (draft, prenorm[part], teacher_logp, teacher_log_mass, tpart, teacher_arg[tpart], accept_grad)
         if torch.is_grad_enabled() and prenorm.requires_grad and not keep:
-            ce, hit = checkpoint(_chunk, *args, use_reentrant=False)
+            ce, accept, hit = checkpoint(_chunk, *args, use_reentrant=False)
         else:
-            ce, hit = _chunk(*args)
+            ce, accept, hit = _chunk(*args)
         ces.append(ce)
+        accepts.append(accept)
         hits.append(hit)
-    return torch.cat(ces), torch.cat(hits)
+    return torch.cat(ces), torch.cat(accepts), torch.cat(hits)

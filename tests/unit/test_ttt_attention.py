@@ -105,7 +105,7 @@ def test_checkpointed_loss_chunks_keep_no_vocab_sized_copies(monkeypatch: pytest
     seen: list[tuple[int, tuple[int, ...]]] = []
     real_chunk = ttt_loss._chunk
 
-    def recording_chunk(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def recording_chunk(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         teacher_logp = args[2]
         seen.append((teacher_logp.untyped_storage().data_ptr(), tuple(teacher_logp.shape)))
         return real_chunk(*args)  # type: ignore[arg-type]
