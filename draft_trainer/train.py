@@ -260,7 +260,10 @@ class Trainer:
                     in_vocab,
                     attention=cfg.attention,
                 )
-            result.loss.backward()  # type: ignore[no-untyped-call]
+            # a micro-batch with no counted term (no supervised row whose teacher token is in the draft vocab: a
+            # random verifier over a 129k vocabulary, a small batch) has a constant loss and no gradient
+            if result.loss.requires_grad:
+                result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms])
         if self.world > 1:
