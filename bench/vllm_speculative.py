@@ -26,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eagle3.cli import vllm_eval_engine_args  # noqa: E402 (the target family's engine settings, as eval's)
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir  # noqa: E402
 from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts  # noqa: E402
 from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm  # noqa: E402
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = heldout_prompts(args.prepared, args.features, args.n_prompts)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="eagle3-bench-vllm-spec-"))
     vllm_report = evaluate_vllm(args.export, model_dir, prompts, k=args.k, max_new_tokens=args.max_new_tokens,
-                                dtype=args.dtype, require_identical=False, log_dir=log_dir)  # fmt: skip
+                                dtype=args.dtype, require_identical=False, log_dir=log_dir,
+                                engine_settings=vllm_eval_engine_args)  # fmt: skip
     out: dict[str, Any] = {
         "export": str(args.export),
         "k": args.k,

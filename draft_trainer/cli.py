@@ -53,9 +53,15 @@ def run_vocab(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], Any] | None = None) -> None:
+def add_trainer_commands(
+    sub: Any,
+    make_source: Callable[[argparse.Namespace], Any] | None = None,
+    vllm_engine_settings: Callable[[Path, str, dict[str, Any]], dict[str, Any]] | None = None,
+) -> None:
     """``eagle3 train``, ``eagle3 export``, ``eagle3 eval``. ``make_source(args)``: the feature source of
-    ``train --server`` (the console package builds it with the SDK, which this package never imports)."""
+    ``train --server`` (the console package builds it with the SDK, which this package never imports);
+    ``vllm_engine_settings``: ``eval --engine vllm``'s target-family engine settings
+    (``evaluate_vllm.EngineSettings``; the console passes the vllm backend's, which this package never imports)."""
     p = sub.add_parser(
         "train",
         help="train an EAGLE-3 draft on a features directory, or streamed from extraction servers",
@@ -263,7 +269,7 @@ def add_trainer_commands(sub: Any, make_source: Callable[[argparse.Namespace], A
         help="also score the eval prompts' own greedy sequences offline (features from the verifier, bf16) and "
         "online, side by side (hf engine; untimed; about doubles the eval time)",
     )
-    p.set_defaults(func=run_eval)
+    p.set_defaults(func=partial(run_eval, engine_settings=vllm_engine_settings))
 
 
 def run_train(args: argparse.Namespace, make_source: Callable[[argparse.Namespace], Any] | None = None) -> int:
@@ -382,7 +388,7 @@ def convert_format(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_eval(args: argparse.Namespace) -> int:
+def run_eval(args: argparse.Namespace, engine_settings: Any = None) -> int:
     from eagle3.draft_trainer.eval_matrix import run_eval_matrix
 
-    return run_eval_matrix(args, require_model(args.model))
+    return run_eval_matrix(args, require_model(args.model), engine_settings)

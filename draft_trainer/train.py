@@ -266,7 +266,10 @@ class Trainer:
                     teacher_log_mass=log_mass,
                     objective=self.objective,
                 )
-            result.loss.backward()  # type: ignore[no-untyped-call]
+            # a micro-batch with no counted term (no supervised row whose teacher token is in the draft vocab: a
+            # random verifier over a 129k vocabulary, a small batch) has a constant loss and no gradient
+            if result.loss.requires_grad:
+                result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms, result.accept_sums])
         if self.world > 1:

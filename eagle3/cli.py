@@ -15,7 +15,8 @@ import difflib
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 from eagle3 import __version__
 from eagle3.client.cli import add_prepare_command
@@ -83,6 +84,15 @@ class ArgumentParser(argparse.ArgumentParser):
         self.error(f"unrecognized {label}: {', '.join(parts)}")
 
 
+def vllm_eval_engine_args(model_dir: Path, dtype: str, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """``eagle3 eval --engine vllm``'s engine settings for the target family: the vllm backend's
+    (``server/backends/vllm_family.py`` ``eval_engine_args``; the trainer never imports the server, the
+    console wires the two). Imported when called: ``import eagle3.cli`` loads no torch."""
+    from eagle3.server.backends.vllm_family import eval_engine_args
+
+    return eval_engine_args(model_dir, dtype, engine_args)
+
+
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="eagle3", description="Train EAGLE-3 draft models against a resident verifier.")
     parser.add_argument("--version", action="version", version=f"eagle3 {__version__}")
@@ -93,7 +103,7 @@ def build_parser() -> ArgumentParser:
     add_distill_command(sub)
     add_self_instruct_command(sub)
     add_extract_command(sub)
-    add_trainer_commands(sub, make_source=server_source)
+    add_trainer_commands(sub, make_source=server_source, vllm_engine_settings=vllm_eval_engine_args)
     add_demo_command(sub)
     add_serve_command(sub)
     for command in _subcommands(parser).values():  # `eagle3 train -v ...` as well as `eagle3 -v train ...`

