@@ -28,9 +28,12 @@ def test_a_micro_batch_without_counted_terms_takes_no_gradient_and_no_error(
                              "out": str(tmp_path / "run"), "ttt_steps": 3, "max_batch_tokens": 96, "epochs": 1,
                              "progress": False})  # fmt: skip
     trainer = Trainer(cfg)
-    monkeypatch.setattr(
-        trainer.teacher, "argmax_in_vocab", lambda final, _t2d: torch.zeros(len(final), dtype=torch.bool)
-    )
+    stats = trainer.teacher.draft_vocab_stats
+
+    def nothing_in_vocab(final: torch.Tensor, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(len(final), dtype=torch.bool), stats(final, t2d)[1]
+
+    monkeypatch.setattr(trainer.teacher, "draft_vocab_stats", nothing_in_vocab)
     fc = trainer.model.fc.weight.detach().clone()
     trainer.train_step()  # before: RuntimeError: element 0 of tensors does not require grad
     assert torch.equal(trainer.model.fc.weight, fc)  # nothing counted, nothing learnt
