@@ -98,9 +98,9 @@ def speculators_argv(
         "--target-layer-ids", *[str(a) for a in aux],
         "--total-seq-len", str(cfg["max_batch_tokens"]),
         "--train-data-ratio", str(args.train_ratio),
-        "--hidden-states-dtype", "bfloat16" if args.bf16 else "float32",
+        "--hidden-states-dtype", "bfloat16" if args.bf16 else "float32",  # eagle3: bf16 autocast on CUDA only
         "--num-workers", "0",
-        "--loss-implementation", "eager",  # its fused losses are Triton kernels (no CPU)
+        "--loss-implementation", "fused" if args.cuda else "eager",  # its fused losses are Triton kernels
         "--loss-fn", "kl_div",
         "--ttt-steps", str(cfg["ttt_steps"]),
         "--ttt-step-loss-decay", str(cfg["step_decay"]),
@@ -158,11 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw")
     parser.add_argument(
         "--attn",
-        default="sdpa",
-        help="speculators --draft-attn-impl (default sdpa: its default simple_flex_attention raises "
-        "'FlexAttention does not support backward on CPU' in torch flex_attention _validate_device)",
+        default="",
+        help="speculators --draft-attn-impl (default: its simple_flex_attention on CUDA, sdpa on CPU, where "
+        "flex raises 'FlexAttention does not support backward on CPU' in torch flex_attention _validate_device)",
     )
-    parser.add_argument("--bf16", action="store_true", help="--hidden-states-dtype bfloat16 (its default; CPU: fp32)")
     parser.add_argument("--max-steps", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=0, help="override the run's epochs (smoke runs)")
     parser.add_argument("--threads", type=int, default=2)
@@ -171,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    args.cuda = torch.accelerator.current_accelerator() is not None
+    args.bf16 = args.cuda  # as eagle3's TrainConfig: autocast_bf16_cuda true, autocast_bf16 (CPU) false
+    args.attn = args.attn or ("simple_flex_attention" if args.cuda else "sdpa")
     from eagle3.core.models import resolve_model_dir
     from eagle3.core.protocol.features import FeaturesMeta  # noqa: F401  (import check)
     from eagle3.draft_trainer.interop_speculators import to_speculators
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "convert_s": round(convert_s, 1),
         "train_s": round(train_s, 1),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_cuda_bytes": torch.cuda.max_memory_allocated() if args.cuda else None,
         "steps": len(tap.train),
         "steps_per_epoch": len(tap.train) // max(1, len(tap.val) or 1),
         "last_train_metrics": {k: round(v, 4) for k, v in last.items() if isinstance(v, float)},
