@@ -154,6 +154,19 @@ def test_a_bf16_near_tie_is_reported_not_failed(monkeypatch: pytest.MonkeyPatch,
     assert report.to_json()["near_ties"][0]["margin"] == pytest.approx(0.03)
 
 
+def test_an_exact_tie_listed_in_the_other_order_is_a_near_tie(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The DeepSeek toy in bf16 (docs/targets.md): the baseline took 29893 where its top-logprob list put 72596
+    first and 29893 second at the same logprob; the draft's run took 72596. Before, "not the verifier's top
+    two there: 72596, 29893" failed the run although the two tokens are exactly those two."""
+    from eagle3.draft_trainer import evaluate_vllm
+
+    _fake_engines(monkeypatch, (5, 6, 8), (*TIED[:2], ((8, -0.6931), (7, -0.6931))))
+    report = evaluate_vllm.evaluate_vllm(tmp_path, tmp_path, [[1, 2]], dtype="bfloat16", log_dir=tmp_path)
+    (tie,) = report.near_ties
+    assert (tie["baseline_token"], tie["speculative_token"], tie["margin"]) == (7, 8, 0.0)
+    assert report.first_mismatch is None
+
+
 @pytest.mark.parametrize(
     ("dtype", "spec_tokens", "top", "why"),
     [
