@@ -63,24 +63,31 @@ def pack_compact(samples: Sequence[ExtractedSample], max_batch_tokens: int | Non
     fp8 = samples[0].is_fp8
     states = np.empty((total, n_layers, hidden), np.uint8 if fp8 else np.int16)
     scales = np.empty((total, n_layers), np.float32) if fp8 else None
-    ids, mask, pos, start, end = [], [], [], [], []
     row = 0
     for sample, n in zip(samples, lengths, strict=True):
         states[row : row + n] = np.asarray(sample.states[:n]).view(states.dtype)
         if scales is not None:
             scales[row : row + n] = np.asarray(sample.fp8_scales)[:n]
+        row += n
+    return CompactBatch(
+        **packed_segments(samples, lengths),
+        states=torch.from_numpy(states),
+        scales=None if scales is None else torch.from_numpy(scales),
+    )
+
+
+def packed_segments(samples: Sequence[ExtractedSample], lengths: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The token-level fields of samples packed end to end, each cut to its length in ``lengths``: [T]
+    ``input_ids``, ``loss_mask``, ``positions`` (from 0 in each sample) and ``seg_start``/``seg_end`` (the
+    sample's row range), shared by the host batch (``data.pack``) and the compact one."""
+    ids, mask, pos, start, end = [], [], [], [], []
+    row = 0
+    for sample, n in zip(samples, lengths, strict=True):
         ids.append(np.asarray(sample.input_ids[:n], dtype=np.int64))
         mask.append(np.asarray(sample.loss_mask[:n], dtype=bool))
         pos.append(np.arange(n, dtype=np.int64))
         start.append(np.full(n, row, dtype=np.int64))
         end.append(np.full(n, row + n, dtype=np.int64))
         row += n
-    return CompactBatch(
-        input_ids=torch.from_numpy(np.concatenate(ids)),
-        loss_mask=torch.from_numpy(np.concatenate(mask)),
-        positions=torch.from_numpy(np.concatenate(pos)),
-        seg_start=torch.from_numpy(np.concatenate(start)),
-        seg_end=torch.from_numpy(np.concatenate(end)),
-        states=torch.from_numpy(states),
-        scales=None if scales is None else torch.from_numpy(scales),
-    )
+    fields = {"input_ids": ids, "loss_mask": mask, "positions": pos, "seg_start": start, "seg_end": end}
+    return {name: torch.from_numpy(np.concatenate(parts)) for name, parts in fields.items()}

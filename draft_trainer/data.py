@@ -41,7 +41,7 @@ from eagle3.core.features_reader import FeaturesReader
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import is_heldout, variant_of
 from eagle3.core.sample import ExtractedSample
-from eagle3.draft_trainer.compact_batch import CompactBatch, pack_compact
+from eagle3.draft_trainer.compact_batch import CompactBatch, pack_compact, packed_segments
 from eagle3.draft_trainer.errors import DataError
 from eagle3.draft_trainer.ttt import PackedBatch
 
@@ -235,22 +235,8 @@ def pack(samples: Sequence[ExtractedSample], max_batch_tokens: int | None = None
     _, n_layers, hidden = samples[0].states.shape
     aux = np.empty((total, (n_layers - 1) * hidden), np.float32)  # [T, 3H]
     final = np.empty((total, hidden), np.float32)  # [T, H]
-    ids, mask, pos, start, end = [], [], [], [], []
     row = 0
     for sample, n in zip(samples, lengths, strict=True):
         sample.float32_into(aux[row : row + n].reshape(n, n_layers - 1, hidden), final[row : row + n])
-        ids.append(np.asarray(sample.input_ids[:n], dtype=np.int64))
-        mask.append(np.asarray(sample.loss_mask[:n], dtype=bool))
-        pos.append(np.arange(n, dtype=np.int64))
-        start.append(np.full(n, row, dtype=np.int64))
-        end.append(np.full(n, row + n, dtype=np.int64))
         row += n
-    return PackedBatch(
-        input_ids=torch.from_numpy(np.concatenate(ids)),
-        aux=torch.from_numpy(aux),
-        final=torch.from_numpy(final),
-        loss_mask=torch.from_numpy(np.concatenate(mask)),
-        positions=torch.from_numpy(np.concatenate(pos)),
-        seg_start=torch.from_numpy(np.concatenate(start)),
-        seg_end=torch.from_numpy(np.concatenate(end)),
-    )
+    return PackedBatch(aux=torch.from_numpy(aux), final=torch.from_numpy(final), **packed_segments(samples, lengths))
