@@ -10,7 +10,7 @@ one: its time to first sample stays under about one full forward pass instead of
 pass in flight, then a full pass it shares with bulk samples).
 
 The lane stays within the fairness rules (server/scheduler.py): every lane pass is charged its
-backend time to its tenants' fairness clocks, and a request is eligible only while its tenant's clock
+backend time (its tokens and its share of a pass's fixed time, server/pass_cost.py) to its tenants' fairness clocks, and a request is eligible only while its tenant's clock
 is at most ``slack_tokens`` (one forward pass of token-equivalents) ahead of the floor (the least clock
 of the active tenants); the scheduler also runs an ordinary pass after ``MAX_LANE_STREAK`` lane passes in
 a row while bulk work waits. A tenant that floods the server with small requests, or keeps a few in

@@ -60,6 +60,11 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "eagle3_rejections_total": ("Requests refused, by reason", ("tenant", "reason")),
     "eagle3_cancellations_total": ("Requests closed before all their samples were streamed", ("tenant",)),
     "eagle3_forward_passes_total": ("backend.extract calls", ()),
+    "eagle3_backend_seconds_total": (
+        "Backend time of the units each tenant had run (a pass's time split over its units by tokens): who "
+        "uses the accelerators",
+        ("tenant",),
+    ),
     "eagle3_stage_seconds_total": (
         "Seconds spent per serving stage: forward (backend.extract), copy (states to blobs), encode (codec and "
         "framing, summed over encoder threads), send (a stream waiting for the transport to take its bytes)",

@@ -6,9 +6,10 @@
   any kind with the ``Unit`` members) into forward passes of at most ``max_batch_tokens`` reserved
   tokens (a unit alone over the budget runs alone), taking turns across tenants by a fairness clock
   (start-time fair queuing): the tenant with the least clock goes next. A unit is charged, when
-  picked, its reserved tokens, and after its pass what it cost: the backend time its group took,
-  converted to tokens at the rate of full extraction passes (``token_equivalents``), so a short lane
-  pass pays its fixed overhead and a generated token what it costs. A tenant that becomes active
+  picked, its reserved tokens, and after its pass what it cost (server/pass_cost.py): an extraction
+  its share of a model of the pass (a fixed time plus a time per token), a generate slice the backend
+  time it took, both at the rate of full extraction passes; so a short lane pass pays its fixed
+  overhead and a generated token what it costs. A tenant that becomes active
   gets ``max(own clock, the floor)`` (the floor: the least clock of the active tenants, never
   decreasing): it does not bank idle time, and a tenant that goes idle after every pass (a
   closed-loop client) comes back where it left, not level with the floor.
@@ -45,6 +46,7 @@ from typing import Any
 from eagle3.server.feature_cache import FeatureCache, compute_with_cache
 from eagle3.server.lanes import BULK, lane_of, lane_requests
 from eagle3.server.metrics import Metrics
+from eagle3.server.pass_cost import PassCost
 from eagle3.server.request_state import (
     GENERATE_SLICE_TOKENS,
     AdmissionError,
@@ -107,7 +109,7 @@ class Scheduler:
         self._clock: dict[str, float] = {}  # tenant -> work charged, token-equivalents (the fairness clock)
         self._floor = 0.0  # the least clock of the active tenants, never decreasing (the virtual time)
         self._lane_streak = 0  # lane passes in a row (server/lanes.py)
-        self.token_rate_s = 0.0  # tokens per backend second of full extraction passes (EWMA): costs' unit
+        self.pass_cost = PassCost(max_batch_tokens)  # what a unit costs on the fairness clock
         self.inflight_tokens = 0
         self.tenant_inflight: dict[str, int] = {}
         self._thread: threading.Thread | None = None
@@ -333,11 +335,6 @@ class Scheduler:
                     return
             self._run_batch(batch)
 
-    def token_equivalents(self, seconds: float, n_tokens: int) -> float:
-        """Backend time as tokens of full extraction passes (the clock's unit); ``n_tokens`` until a
-        rate is known."""
-        return seconds * self.token_rate_s if self.token_rate_s else float(n_tokens)
-
     def _run_batch(self, batch: list[tuple[Request, Unit]]) -> None:
         """Run the pass's groups (units of one ``batch_key``; rate-setting kinds, the packed extraction,
         first); after each group, charge its units (an extraction its tokens, other kinds their group's time in
@@ -362,9 +359,13 @@ class Scheduler:
                 computed_tokens += done
                 if units[0].sets_rate:
                     self._note_rate(done, elapsed_s)
-            # an extraction (the rate-setting kind) costs its tokens, the clock's own unit: timing it would only
-            # add noise (another process's CPU use); other kinds cost their backend time in those tokens
-            cost = float(group_tokens) if units[0].sets_rate else self.token_equivalents(elapsed_s, group_tokens)
+            # an extraction (the rate-setting kind) costs what the model of a pass says (server/pass_cost.py),
+            # not its own timing; other kinds cost their backend time
+            if not units[0].sets_rate:
+                cost = self.pass_cost.token_equivalents(elapsed_s, group_tokens)
+            else:
+                cost = self.pass_cost.extraction(group_tokens) if computed else float(group_tokens)
+            self._note_backend_time([batch[i] for i in at], computed, elapsed_s)
             with self._cond:
                 for i, out in zip(at, outs, strict=True):
                     req, unit = batch[i]
@@ -395,12 +396,20 @@ class Scheduler:
             req.results.append(Result(unit, out.output, out.error))
         req.notify()
 
+    def _note_backend_time(self, group: list[tuple[Request, Unit]], computed: list[Unit], elapsed_s: float) -> None:
+        """``eagle3_backend_seconds_total``: the group's backend time, split over the units it computed (cache
+        hits took none) by their tokens."""
+        ran = {id(u) for u in computed}
+        mine = [(req.tenant, unit.n_tokens) for req, unit in group if id(unit) in ran]
+        total = sum(n for _, n in mine)
+        for tenant, n in mine:
+            self.metrics.inc("eagle3_backend_seconds_total", elapsed_s * n / max(1, total), tenant=tenant)
+
     def _note_rate(self, n_tokens: int, elapsed_s: float) -> None:
-        """Retry-After's rate (every extraction pass) and the clock's (passes at least half full)."""
+        """Retry-After's rate (every extraction pass) and the model of a pass's cost."""
         rate = n_tokens / elapsed_s
         self.throughput_tok_s = 0.8 * self.throughput_tok_s + 0.2 * rate if self.throughput_tok_s else rate
-        if 2 * n_tokens >= self.max_batch_tokens:
-            self.token_rate_s = 0.8 * self.token_rate_s + 0.2 * rate if self.token_rate_s else rate
+        self.pass_cost.observe(n_tokens, elapsed_s)
 
     def _charge(self, tenant: str, unit: Unit, out: Outcome, cost: float) -> None:
         """(condition held) The clock keeps what the unit cost, the tokens count what it processed."""

@@ -4,8 +4,9 @@ The server runs the hf backend on a tiny random Llama (a real forward pass: a fi
 a cost per token, like any engine). The bulk tenant keeps two requests of 16 x 64 tokens in flight
 (like ``eagle3 extract``); first alone, then beside 2 and 16 closed-loop loops of one 8-token sample
 each (the interactive lane) of a second tenant, each loop sending its next request as soon as it has
-read the last. Two tenants share the server, so the bulk tenant's fair share is half of it: its
-completion time must stay within 2x of that (4x its time alone). On 7e28fd2 the loops got every pass.
+read the last. Two tenants share the server, so the bulk tenant's fair share is half of its backend time
+(``eagle3_backend_seconds_total``): it must get at least 0.4 of it while both are active, and finish
+within 8x its time alone. On 7e28fd2 the loops got every pass.
 """
 
 from __future__ import annotations
@@ -121,6 +122,12 @@ def _chat_loops(url: str, headers: dict[str, str], loops: int, stop: Any, served
         t.join()
 
 
+def backend_seconds(server: LiveServer) -> dict[str, float]:
+    """Each tenant's backend time so far (``eagle3_backend_seconds_total``)."""
+    m = server.metrics()
+    return {t: m.get(f'eagle3_backend_seconds_total{{tenant="{t}"}}', 0.0) for t in KEYS}
+
+
 @pytest.mark.parametrize("loops", [2, 16])
 def test_closed_loop_small_requests_leave_the_bulk_tenant_its_share(server: LiveServer, loops: int) -> None:
     alone_s = bulk_run(server, timeout_s=120)
@@ -130,15 +137,23 @@ def test_closed_loop_small_requests_leave_the_bulk_tenant_its_share(server: Live
     chats.start()
     time.sleep(2.0)  # the loops run alone first (their process started): the bulk tenant arrives into them
     try:
-        beside_s = bulk_run(server, timeout_s=max(60.0, 8 * alone_s))
+        before = backend_seconds(server)
+        beside_s = bulk_run(server, timeout_s=max(60.0, 8 * alone_s))  # starved: it does not finish
+        after = backend_seconds(server)
     finally:
         stop.set()
         chats.join(60)
         if chats.is_alive():
             chats.kill()
-    fair_s = 2 * alone_s  # two tenants: half the server
-    assert beside_s <= 2 * fair_s, (
-        f"bulk took {beside_s:.1f} s beside {loops} closed-loop loops, {alone_s:.1f} s alone: over 2x its fair share"
+    used = {t: after[t] - before[t] for t in KEYS}
+    share = used["bulk"] / sum(used.values())
+    # two tenants: its fair share is half the backend time; at least 0.4 (measured 0.59 with 16 loops; 0.35
+    # when a lane pass was charged only its tokens, not its share of a pass's fixed time: server/pass_cost.py).
+    # The share, not the wall time: on a shared 2-core machine the client processes' own CPU slows every
+    # forward pass (CI, charging tokens only: 1.7 s alone, 7.7 s beside 16 loops)
+    assert share >= 0.4, (
+        f"bulk got {share:.0%} of the backend time beside {loops} closed-loop loops "
+        f"({used['bulk']:.2f} s vs {used['chat']:.2f} s; {beside_s:.1f} s beside, {alone_s:.1f} s alone)"
     )
     assert chats.exitcode == 0, "a small-request loop failed (its process's output above)"
     assert min(served[:]) > 0, "a small-request loop was starved instead"

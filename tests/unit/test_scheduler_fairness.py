@@ -180,6 +180,10 @@ def test_closed_loop_lane_clients_do_not_starve_a_bulk_tenant(chat_loops: int) -
     lane_passes = sum(1 for c in calls if set(c) == {CHAT})
     assert lane_passes < 0.9 * len(calls), f"{lane_passes} of {len(calls)} passes were lane passes"
     check_invariant(calls, window=40, largest_pass_s=OVERHEAD_S + MAX_BATCH_TOKENS * TOKEN_S)
+    # /metrics says the same per tenant (what the live test, tests/e2e/test_lane_fairness.py, reads)
+    seconds = sched.metrics.by_label("eagle3_backend_seconds_total", "tenant")
+    for tenant, tag in (("bulk", BULK), ("chat", CHAT)):
+        assert seconds[tenant] == pytest.approx(sum(c.get(tag, 0.0) for c in sim.calls), rel=1e-6)
 
 
 def test_closed_loop_generate_and_lane_clients_share_with_a_bulk_tenant() -> None:
