@@ -89,28 +89,27 @@ def run_eval_matrix(args: argparse.Namespace, model: str, engine_settings: Any =
                     print(f"[{name}]\n{report.format_text()}")
                 rows.append((name, report.k, report.to_json(), report.mean_acceptance_length))
     else:
-        from eagle3.draft_trainer.evaluate import evaluate
+        from eagle3.draft_trainer.evaluate import evaluate_ks
 
         for name, prompts in sets:
-            for k in ks:
-                features = args.features if name == HELDOUT else None
-                result = evaluate(
-                    args.export,
-                    prepared=args.prepared,
-                    features=features,
-                    model=model,
-                    k=k,
-                    n_prompts=args.n_prompts,
-                    max_new_tokens=args.max_new_tokens,
-                    threads=args.threads,
-                    heldout_fraction=args.heldout_fraction,
-                    same_sequences=args.same_sequences,
-                    prompts=prompts,
-                )
+            results = evaluate_ks(  # one baseline per prompt for every k
+                args.export,
+                ks,
+                prepared=args.prepared,
+                features=args.features if name == HELDOUT else None,
+                model=model,
+                n_prompts=args.n_prompts,
+                max_new_tokens=args.max_new_tokens,
+                threads=args.threads,
+                heldout_fraction=args.heldout_fraction,
+                same_sequences=args.same_sequences,
+                prompts=prompts,
+            )
+            for result in results:
                 identical &= result.identical
                 if not args.json:
                     print(f"[{name}]\n{result.format_text()}")
-                rows.append((name, k, result.to_dict(), result.tau))
+                rows.append((name, result.k, result.to_dict(), result.tau))
     if args.json:
         single = len(rows) == 1  # one set, one k: the report itself, as before
         print(json.dumps(rows[0][2] if single else {"matrix": [dict(r, prompt_set=n, k=k) for n, k, r, _ in rows]}))

@@ -11,6 +11,7 @@ present in the features directory (the training data), so they were not trained 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,39 @@ def evaluate(
 ) -> EvalResult:
     """Online figures on held-out prompts, offline ones on the held-out features; ``same_sequences``
     also scores the eval prompts' own greedy sequences both ways (``offline_online``, untimed)."""
+    return evaluate_ks(
+        export_dir,
+        (k,),
+        prepared=prepared,
+        features=features,
+        model=model,
+        n_prompts=n_prompts,
+        max_new_tokens=max_new_tokens,
+        threads=threads,
+        dtype=dtype,
+        heldout_fraction=heldout_fraction,
+        same_sequences=same_sequences,
+        prompts=prompts,
+    )[0]
+
+
+def evaluate_ks(
+    export_dir: str | Path,
+    ks: Sequence[int],
+    *,
+    prepared: str | Path | None,
+    features: str | Path | None = None,
+    model: str,
+    n_prompts: int = 10,
+    max_new_tokens: int = 48,
+    threads: int = 1,
+    dtype: str = "float32",
+    heldout_fraction: float | None = None,
+    same_sequences: bool = False,
+    prompts: list[list[int]] | None = None,
+) -> list[EvalResult]:
+    """``evaluate`` at every k of ``ks`` (one result each, in order): the verifier and the draft load once
+    and each prompt's greedy baseline runs once, whatever the number of ks."""
     from transformers import AutoModelForCausalLM
 
     from eagle3.core.models import resolve_model_dir
@@ -232,43 +266,53 @@ def evaluate(
     eos = target.get("eos_token_id")
     eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
     taps = VerifierTaps(verifier, draft.cfg.aux_layer_ids)
-    spec_s = base_s = 0.0
-    accepted: list[int] = []
-    identical, n_tokens = True, 0
+    base_s = 0.0
+    spec_s = dict.fromkeys(ks, 0.0)
+    accepted: dict[int, list[int]] = {k: [] for k in ks}
+    identical = dict.fromkeys(ks, True)
+    n_tokens = dict.fromkeys(ks, 0)
     greedy_generate(verifier, prompts[0], 2, eos_id)  # warm-up
     bar = ProgressBar("eval", len(prompts), unit="prompt")
     for prompt in prompts:
         bar.update(1)
         base = greedy_generate(verifier, prompt, max_new_tokens, eos_id)
-        spec = speculative_generate(verifier, draft, taps, prompt, k, max_new_tokens, eos_id)
-        identical &= spec.tokens == base.tokens
         base_s += base.seconds
-        spec_s += spec.seconds
-        accepted += spec.accepted
-        n_tokens += len(spec.tokens)
+        for k in ks:
+            spec = speculative_generate(verifier, draft, taps, prompt, k, max_new_tokens, eos_id)
+            identical[k] &= spec.tokens == base.tokens
+            spec_s[k] += spec.seconds
+            accepted[k] += spec.accepted
+            n_tokens[k] += len(spec.tokens)
     bar.close()
-    result = EvalResult(
-        k=k,
-        n_prompts=len(prompts),
-        tau=sum(a + 1 for a in accepted) / max(1, len(accepted)),
-        speedup=base_s / spec_s if spec_s else 0.0,
-        rounds=len(accepted),
-        generated_tokens=n_tokens,
-        speculative_s=spec_s,
-        baseline_s=base_s,
-        identical=identical,
-        accepted_per_position=[sum(a > i for a in accepted) / max(1, len(accepted)) for i in range(k)],
-    )
     teacher = Teacher(tensors["norm"], tensors["lm_head"], draft.cfg.rms_norm_eps)
-    if same_sequences:
-        check = compare_offline_online(
-            verifier, draft, teacher, taps, prompts, k=k, max_new_tokens=max_new_tokens, eos_id=eos_id
+    results = []
+    for k in ks:
+        acc = accepted[k]
+        result = EvalResult(
+            k=k,
+            n_prompts=len(prompts),
+            tau=sum(a + 1 for a in acc) / max(1, len(acc)),
+            speedup=base_s / spec_s[k] if spec_s[k] else 0.0,
+            rounds=len(acc),
+            generated_tokens=n_tokens[k],
+            speculative_s=spec_s[k],
+            baseline_s=base_s,
+            identical=identical[k],
+            accepted_per_position=[sum(a > i for a in acc) / max(1, len(acc)) for i in range(k)],
         )
-        result.same_sequences = check.to_dict()
+        if same_sequences:
+            check = compare_offline_online(
+                verifier, draft, teacher, taps, prompts, k=k, max_new_tokens=max_new_tokens, eos_id=eos_id
+            )
+            result.same_sequences = check.to_dict()
+        results.append(result)
     taps.remove()
     if features is not None:
-        result.offline_acc, rounds = offline_acceptance(draft, teacher, features, k, heldout_fraction or 0.05)
-        result.offline_tau = rounds.tau
-        result.offline_accepted_per_position = rounds.accepted_per_position
-        result.offline_rounds = rounds.rounds
-    return result
+        for result in results:
+            result.offline_acc, rounds = offline_acceptance(
+                draft, teacher, features, result.k, heldout_fraction or 0.05
+            )
+            result.offline_tau = rounds.tau
+            result.offline_accepted_per_position = rounds.accepted_per_position
+            result.offline_rounds = rounds.rounds
+    return results

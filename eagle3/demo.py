@@ -296,7 +296,7 @@ def print_eval_matrix(
 
     from eagle3.core.prompt_sets import MT_BENCH, prompt_set, render_user_prompt
     from eagle3.draft_trainer.eval_matrix import HELDOUT, format_matrix
-    from eagle3.draft_trainer.evaluate import evaluate, heldout_prompts
+    from eagle3.draft_trainer.evaluate import evaluate_ks, heldout_prompts
 
     ks = tuple(args.eval_matrix)
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir(args.model)))
@@ -307,16 +307,15 @@ def print_eval_matrix(
     cells: list[tuple[str, int, float]] = []
     identical = True
     for name, prompts in sets:
-        for k in ks:
-            result = evaluate(
-                export_dir, prepared=None, model=args.model, k=k, n_prompts=len(prompts), threads=2, prompts=prompts
-            )
+        # one verifier load and one greedy baseline per prompt for every k
+        results = evaluate_ks(export_dir, ks, prepared=None, model=args.model, threads=2, prompts=prompts)
+        for result in results:
             identical &= result.identical
             accepted = " ".join(f"{100 * a:.0f}%" for a in result.accepted_per_position)
             print(
-                f"  [{name}] k={k}: tau {result.tau:.3f}, accepted per position {accepted}, identical "
+                f"  [{name}] k={result.k}: tau {result.tau:.3f}, accepted per position {accepted}, identical "
                 f"{result.identical}"
             )
-            cells.append((name, k, result.tau))
+            cells.append((name, result.k, result.tau))
     print(format_matrix("eagle3", cells, ks))
     return identical

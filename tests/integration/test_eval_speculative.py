@@ -71,6 +71,29 @@ def test_speculative_output_equals_greedy_on_many_prompts(trained: dict[str, Pat
     assert "same sequences, offline/online" in result.format_text()
 
 
+def test_several_ks_in_one_run_equal_one_run_per_k_with_one_baseline_per_prompt(
+    trained: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``evaluate_ks`` (``eval -k 3,5,7``, the demo's τ matrix): the same rounds as a run per k, with the
+    verifier's greedy baseline decoded once per prompt instead of once per prompt and k."""
+    from eagle3.draft_trainer import evaluate as evaluate_module
+
+    kw: dict[str, Any] = {"prepared": trained["prepared"], "model": str(trained["model"]), "n_prompts": 6,
+                          "max_new_tokens": 16}  # fmt: skip
+    alone = [evaluate(trained["export"], k=k, **kw) for k in (2, 4)]
+    calls: list[int] = []
+    greedy = evaluate_module.greedy_generate
+    monkeypatch.setattr(evaluate_module, "greedy_generate", lambda *a: calls.append(a[2]) or greedy(*a))
+    both = evaluate_module.evaluate_ks(trained["export"], (2, 4), **kw)
+    assert [r.k for r in both] == [2, 4]
+    for one, many in zip(alone, both, strict=True):
+        assert (many.tau, many.rounds, many.generated_tokens, many.identical) == (
+            one.tau, one.rounds, one.generated_tokens, True)  # fmt: skip
+        assert many.accepted_per_position == one.accepted_per_position
+    assert calls == [2] + [16] * 6  # the warm-up, then one baseline per prompt
+    assert both[0].baseline_s == both[1].baseline_s
+
+
 def test_speculative_output_equals_transformers_generate(trained: dict[str, Path]) -> None:
     """An independent reference: transformers' own greedy ``generate`` (no eagle3 code on that side)."""
     from transformers import AutoModelForCausalLM
