@@ -12,7 +12,6 @@ data order is a function of (seed, epoch), so a resumed run continues the same l
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import time
@@ -24,12 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from eagle3.core.models import resolve_model_dir
 from eagle3.core.progress import ProgressBar
+from eagle3.draft_trainer.build import build_draft, lr_lambda
 from eagle3.draft_trainer.checkpoint import (
     DRAFT_DIR,
     load_checkpoint,
-    load_draft,
     rng_state,
     save_checkpoint,
     save_draft,
@@ -38,20 +36,17 @@ from eagle3.draft_trainer.checkpoint import (
 )
 from eagle3.draft_trainer.config import TrainConfig, resolve_device
 from eagle3.draft_trainer.errors import ConfigError, DataError
-from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
+from eagle3.draft_trainer.ranks import all_reduce_sum, join_ranks
 from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
 from eagle3.draft_trainer.stream_data import EpochReport, FeatureSource, training_data
 from eagle3.draft_trainer.trackers import open_trackers, parse_log_to
 from eagle3.draft_trainer.ttt import (
     PackedBatch,
-    Teacher,
-    load_verifier_tensors,
     simulated_acceptance,
     step_counts,
     ttt_forward,
 )
 from eagle3.draft_trainer.ttt_loss import Objective
-from eagle3.draft_trainer.vocab import VOCAB_FILE, load_vocab
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -65,71 +60,12 @@ class RunResult:
     train_s: float = 0.0
 
 
-def build_draft(cfg: TrainConfig, meta_hidden: int, aux_ids: tuple[int, ...]) -> tuple[EagleDraft, Teacher]:
-    """Draft (vocab set, verifier embedding, lm_head rows) and teacher from the verifier's tensors."""
-    vocab_path = Path(cfg.vocab)
-    vocab = load_vocab(vocab_path.parent if vocab_path.name == VOCAB_FILE else vocab_path)
-    target, tensors = load_verifier_tensors(resolve_model_dir(cfg.model))
-    if int(target["hidden_size"]) != meta_hidden:
-        raise DataError(
-            f"features hidden size {meta_hidden} != verifier {cfg.model} hidden size {target['hidden_size']}"
-        )
-    if vocab.target_vocab_size != int(target["vocab_size"]):
-        raise DataError(f"vocab {cfg.vocab} is over {vocab.target_vocab_size} ids, verifier has {target['vocab_size']}")
-    draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids, rope=cfg.draft_rope)
-    if cfg.init_from:
-        model = load_draft(cfg.init_from)
-        if model.cfg != draft_cfg:
-            raise ConfigError(f"init_from {cfg.init_from}: its draft config differs from this run's")
-    else:
-        torch.manual_seed(cfg.seed)
-        model = EagleDraft(draft_cfg)
-        if cfg.init_lm_head_from_verifier:
-            with torch.no_grad():
-                model.lm_head.weight.copy_(tensors["lm_head"][torch.from_numpy(vocab.target_ids)])
-                model.norm.weight.copy_(tensors["norm"])
-    model.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
-    model.embed_tokens.copy_(tensors["embed"])
-    teacher = Teacher(tensors["norm"], tensors["lm_head"], draft_cfg.rms_norm_eps)
-    return model, teacher
-
-
-def lr_lambda(cfg: TrainConfig, total_steps: int) -> Any:
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
-
-
 class _Stop:
     def __init__(self) -> None:
         self.requested = False
 
     def __call__(self, _signum: int, _frame: Any) -> None:
         self.requested = True
-
-
-def _dist(device: torch.device) -> tuple[int, int]:
-    """(rank, world size); joins the torchrun process group when WORLD_SIZE > 1: NCCL when this rank
-    trains on CUDA, gloo on CPU (also where CUDA is visible but device=cpu: NCCL cannot reduce CPU tensors)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1
-    if not dist.is_initialized():
-        if device.type == "cuda":
-            dist.init_process_group("nccl", device_id=device)
-        else:
-            dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _all_reduce(tensor: torch.Tensor, world: int) -> torch.Tensor:
-    if world > 1:
-        dist.all_reduce(tensor)
-    return tensor
 
 
 class Trainer:
@@ -145,7 +81,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.autocast = cfg.autocast_bf16_cuda if self.device.type == "cuda" else cfg.autocast_bf16
-        self.rank, self.world = _dist(self.device)
+        self.rank, self.world = join_ranks(self.device)
         self.run_dir = Path(cfg.out)
         self.data = training_data(cfg, source)  # a features directory, or streamed from servers (source)
         meta = self.data.meta
@@ -244,7 +180,7 @@ class Trainer:
         device = self.device
         batches = [self.data.load_to(b, cfg.max_batch_tokens if cfg.truncate else None, device) for b in positions]
         data_s = time.perf_counter() - started
-        counts = _all_reduce(
+        counts = all_reduce_sum(
             sum((step_counts(b, cfg.ttt_steps) for b in batches), torch.zeros(cfg.ttt_steps, device=device)),
             self.world,
         )
@@ -283,7 +219,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        n_tokens = _all_reduce(torch.tensor(float(sum(b.n_tokens for b in batches)), device=device), self.world)
+        n_tokens = all_reduce_sum(torch.tensor(float(sum(b.n_tokens for b in batches)), device=device), self.world)
         acc = (stats[1] / stats[2].clamp(min=1)).tolist()
         return {
             "step": self.step,
@@ -324,9 +260,9 @@ class Trainer:
                     torch.stack(result.hits).cpu(), batch.loss_mask.cpu(), batch.seg_start.cpu(), batch.seg_end.cpu()
                 )
             )
-        _all_reduce(stats, self.world)
+        all_reduce_sum(stats, self.world)
         round_sums = rounds.as_tensor().to(self.device)
-        _all_reduce(round_sums, self.world)
+        all_reduce_sum(round_sums, self.world)
         rounds = RoundCounts.from_tensor(round_sums.cpu())
         acc = (stats[1] / stats[2].clamp(min=1)).tolist()
         # heldout_tau: the online round walk replayed (draft_trainer.rounds), the figure to compare with

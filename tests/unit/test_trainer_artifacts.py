@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from eagle3.draft_trainer.build import lr_lambda
 from eagle3.draft_trainer.checkpoint import CHECKPOINT_FILE, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from eagle3.draft_trainer.errors import CheckpointError
 from eagle3.draft_trainer.export import EXPORT_CONFIG, EXPORT_WEIGHTS, export_draft
 from eagle3.draft_trainer.interop import VOCAB_MAPPING, to_specforge
 from eagle3.draft_trainer.model import DraftConfig, EagleDraft
-from eagle3.draft_trainer.train import lr_lambda
 from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
 from tests.unit.test_interop_specforge import features, verifier
 
