@@ -14,7 +14,7 @@ from eagle3.core.models import resolve_model_dir
 from eagle3.draft_trainer.checkpoint import load_draft
 from eagle3.draft_trainer.config import TrainConfig
 from eagle3.draft_trainer.errors import ConfigError, DataError
-from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
+from eagle3.draft_trainer.model import NORM_FLAGS, EagleDraft, draft_config_from_target
 from eagle3.draft_trainer.ttt import Teacher, load_verifier_tensors
 from eagle3.draft_trainer.vocab import VOCAB_FILE, load_vocab
 
@@ -30,7 +30,8 @@ def build_draft(cfg: TrainConfig, meta_hidden: int, aux_ids: tuple[int, ...]) ->
         )
     if vocab.target_vocab_size != int(target["vocab_size"]):
         raise DataError(f"vocab {cfg.vocab} is over {vocab.target_vocab_size} ids, verifier has {target['vocab_size']}")
-    draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids, rope=cfg.draft_rope)
+    norms = {name: bool(getattr(cfg, name)) for name in NORM_FLAGS}
+    draft_cfg = draft_config_from_target(target, vocab.draft_vocab_size, aux_ids, rope=cfg.draft_rope, norms=norms)
     if cfg.init_from:
         model = load_draft(cfg.init_from)
         if model.cfg != draft_cfg:

@@ -82,6 +82,12 @@ class TrainConfig:
     # the draft's rope: "verifier" (the verifier's rope scaling, exported so vLLM builds the same) or "default"
     # (the plain rope, trained and exported alike: for a scaling draft_trainer/rope.py does not reproduce)
     draft_rope: str = "verifier"
+    # the "Eagle 3.1" norms (speculators' defaults; vLLM reads them from the export's config): an RMSNorm on the
+    # concatenated taps before fc, the residual taken after hidden_norm, the post-norm hidden fed back between
+    # steps (keeps its scale from growing with depth: docs/training.md, "Head to head"). Off: EAGLE-3 as published
+    norm_before_fc: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
     torch_threads: int = 1
     device: str = "auto"  # "auto" (cuda:LOCAL_RANK when CUDA is available, else cpu), "cpu", "cuda", "cuda:N"
     autocast_bf16: bool = False  # bf16 autocast when training on CPU; fp32 unless set

@@ -98,6 +98,9 @@ def load_export_draft(export_dir: str | Path, embed: torch.Tensor) -> EagleDraft
             rope_theta=config["rope_theta"],
             max_position_embeddings=config["max_position_embeddings"],
             rope_scaling=config.get("rope_scaling"),
+            norm_before_fc=bool(config.get("norm_before_fc") or config["eagle_config"].get("norm_before_fc")),
+            norm_before_residual=bool(config.get("norm_before_residual", False)),
+            norm_output=bool(config.get("norm_output", False)),
         )
     except KeyError as exc:
         raise CheckpointError(f"{export_dir}/config.json lacks {exc}") from None

@@ -64,7 +64,16 @@ def export_config(model: EagleDraft) -> dict[str, Any]:
         "mlp_bias": False,
         "torch_dtype": "bfloat16",
         "eagle_aux_hidden_state_layer_ids": ids,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": ids,
+            "use_aux_hidden_state": True,
+            "norm_before_fc": cfg.norm_before_fc,
+        },
+        # vLLM's LlamaForCausalLMEagle3 reads these three (norm_before_fc also from eagle_config); all false is
+        # EAGLE-3 as published and what a config without them means
+        "norm_before_fc": cfg.norm_before_fc,
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_output": cfg.norm_output,
     }
     return config
 
@@ -72,8 +81,8 @@ def export_config(model: EagleDraft) -> dict[str, Any]:
 # What vLLM's speculators reader (vllm/transformers_utils/configs/speculators) needs: no top-level
 # model_type (vLLM detects the format by ``speculators_config``), ``speculators_model_type``, the draft
 # layer's own config under ``transformer_layer_config``, and the verifier plus k under
-# ``speculators_config``. ``norm_before_residual`` defaults to true there, false in the flat format:
-# this draft normalises after taking the residual, so it is written explicitly. What speculators' own
+# ``speculators_config``. ``norm_before_residual`` defaults to true there, false in the flat format: the
+# three norm flags are written explicitly. What speculators' own
 # ``SpeculatorModel.from_pretrained`` needs besides (tests/integration/test_export_speculators.py loads it
 # with speculators 0.9.0): ``speculators_version``, the verifier's ``architectures``, and the decoder layer's
 # tensors under ``layers.0.`` (the names of its ``Eagle3DraftModel``; vLLM maps ``midlayer.`` there too).
@@ -102,8 +111,9 @@ def speculators_config(
         "draft_vocab_size": flat["draft_vocab_size"],
         "target_hidden_size": flat["target_hidden_size"],
         "eagle_aux_hidden_state_layer_ids": flat["eagle_aux_hidden_state_layer_ids"],
-        "norm_before_residual": False,
-        "norm_before_fc": False,
+        "norm_before_residual": flat["norm_before_residual"],
+        "norm_before_fc": flat["norm_before_fc"],
+        "norm_output": flat["norm_output"],
         "torch_dtype": "bfloat16",
         "speculators_config": {
             "algorithm": "eagle3",
@@ -217,6 +227,8 @@ def expected_vllm_shapes(config: dict[str, Any], target_vocab_size: int) -> dict
         "model.norm.weight": (h,),
         "lm_head.weight": (vd, h),
     }
+    if config.get("norm_before_fc") or config["eagle_config"].get("norm_before_fc"):
+        shapes["model.input_norm.weight"] = (n_aux * ht,)
     if vd != target_vocab_size:
         shapes["draft_id_to_target_id"] = (vd,)
     return shapes

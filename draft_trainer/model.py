@@ -8,9 +8,14 @@ One draft step (vLLM ``LlamaForCausalLMEagle3`` semantics)::
 
     residual = hidden                                   # [T, H]  (fc(aux) on the first step)
     x = cat(input_layernorm(embed(token)), hidden_norm(hidden))            # [T, 2H]
+    (norm_before_residual: residual = hidden_norm(hidden))
     h = o_proj(attn(q,k,v from x)) ;  h, residual = post_attention_layernorm(h + residual), h + residual
     out = mlp(h) + residual                              # prenorm: fed back as the next step's hidden
     logits = lm_head(norm(out))                          # [T, Vd] over the draft vocabulary
+    (norm_output: norm(out) is fed back; norm_before_fc: fc(input_norm(aux)) on the first step)
+
+The three "Eagle 3.1" norms are each a config key vLLM's ``LlamaForCausalLMEagle3`` and speculators read
+(``DraftConfig``; off by default). Callers feed a step's output back through ``feedback``.
 
 ``EagleDraft.step`` is that order, written once: training (``ttt.ttt_forward``) and speculation
 (``speculate.draft_step``) call it and differ only in the attention they pass (``StepAttention``). Its
@@ -29,6 +34,8 @@ from torch.nn import functional
 
 from eagle3.draft_trainer.rope import DraftRope, rope_type
 
+NORM_FLAGS = ("norm_before_fc", "norm_before_residual", "norm_output")  # DraftConfig's Eagle-3.1 keys
+
 
 @dataclass(frozen=True)
 class DraftConfig:
@@ -45,6 +52,10 @@ class DraftConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    # the "Eagle 3.1" norms (vLLM's and speculators' config keys of the same names; all off: EAGLE-3 as published)
+    norm_before_fc: bool = False  # an RMSNorm [n_aux * Ht] on the concatenated taps before fc
+    norm_before_residual: bool = False  # the residual is hidden_norm(hidden), not the raw hidden
+    norm_output: bool = False  # the hidden fed back to the next step is norm(out), not the pre-norm out
 
     def to_dict(self) -> dict[str, Any]:
         return dict(asdict(self), aux_layer_ids=list(self.aux_layer_ids))
@@ -55,11 +66,16 @@ class DraftConfig:
 
 
 def draft_config_from_target(
-    target: dict[str, Any], draft_vocab_size: int, aux_layer_ids: tuple[int, ...], rope: str = "verifier"
+    target: dict[str, Any],
+    draft_vocab_size: int,
+    aux_layer_ids: tuple[int, ...],
+    rope: str = "verifier",
+    norms: dict[str, bool] | None = None,
 ) -> DraftConfig:
     """A draft the size of one verifier layer, from the verifier's HF ``config.json`` dict. ``rope``:
     "verifier" (its rope scaling, which the export carries to vLLM) or "default" (the plain rope at the
-    verifier's theta, trained and exported alike: TrainConfig.draft_rope)."""
+    verifier's theta, trained and exported alike: TrainConfig.draft_rope). ``norms``: the Eagle-3.1 flags
+    (``norm_before_fc``, ``norm_before_residual``, ``norm_output``) that are on."""
     params = target.get("rope_parameters") or {}
     theta = float(target.get("rope_theta") or params.get("rope_theta") or 10000.0)
     # the verifier's scaling (rope_type, or the legacy key type), copied whole: DraftRope and vLLM read the same dict
@@ -82,6 +98,7 @@ def draft_config_from_target(
         rope_theta=theta,
         max_position_embeddings=int(target.get("max_position_embeddings", 8192)),
         rope_scaling=scaling,
+        **(norms or {}),
     )
 
 
@@ -165,6 +182,8 @@ class EagleDraft(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        if cfg.norm_before_fc:  # vLLM's ``input_norm``: only there when the config asks for it
+            self.input_norm = RMSNorm(3 * cfg.target_hidden_size, cfg.rms_norm_eps)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
@@ -190,13 +209,13 @@ class EagleDraft(nn.Module):
 
     def project_aux(self, aux: torch.Tensor) -> torch.Tensor:
         """``aux`` [T, 3*Ht] -> [T, H]: the first step's hidden input."""
+        if self.cfg.norm_before_fc:
+            aux = self.input_norm(aux)
         return self.fc(aux)  # type: ignore[no-any-return]
 
-    def layer_inputs(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """[T] ids, [T, H] hidden -> [T, 2H] attention input."""
-        embeds = functional.embedding(token_ids, self.embed_tokens)  # [T, H]
-        mid = self.midlayer
-        return torch.cat([mid.input_layernorm(embeds), mid.hidden_norm(hidden)], dim=-1)  # [T, 2H]
+    def feedback(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """A step's pre-norm output [T, H] -> the next step's hidden input (post-norm under ``norm_output``)."""
+        return self.norm(prenorm) if self.cfg.norm_output else prenorm
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Attention output [T, nh*d] + residual [T, H] -> prenorm layer output [T, H]."""
@@ -212,9 +231,13 @@ class EagleDraft(nn.Module):
         """One draft step (the module docstring's order): token ids [T], hidden [T, H] (``fc(aux)`` on the
         first step, else the previous step's output), rope positions [T] -> the pre-norm output [T, H]."""
         cos, sin = self.rope(positions)  # [T, d] each
-        q, k, v = self.midlayer.self_attn.qkv(self.layer_inputs(token_ids, hidden), cos, sin)  # [T, nh, d]
+        mid = self.midlayer
+        embeds = functional.embedding(token_ids, self.embed_tokens)  # [T, H]
+        normed = mid.hidden_norm(hidden)  # [T, H]
+        x = torch.cat([mid.input_layernorm(embeds), normed], dim=-1)  # [T, 2H]
+        q, k, v = mid.self_attn.qkv(x, cos, sin)  # [T, nh, d]
         out = attention(q, k, v)  # [T, nh, d]
-        return self.finish(out.reshape(out.shape[0], -1), hidden)
+        return self.finish(out.reshape(out.shape[0], -1), normed if self.cfg.norm_before_residual else hidden)
 
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(prenorm))  # type: ignore[no-any-return]  # [T, Vd]

@@ -185,7 +185,7 @@ def speculative_generate(
             token = int(draft.target_ids[draft.logits(pre).argmax(-1)])
             drafts.append(token)
             if j + 1 < k:
-                pre = draft_step(draft, dcache, torch.tensor([token]), pre, n - 1 + j + 1)  # [1, H]
+                pre = draft_step(draft, dcache, torch.tensor([token]), draft.feedback(pre), n + j)  # [1, H]
         dcache.crop(n)
         logits = _verifier_step(model, [next_token, *drafts], cache)  # [k+1, V]
         choices = logits.argmax(-1).tolist()

@@ -239,7 +239,7 @@ def ttt_forward(
         counted.append(mask.sum().float())
         terms.append(term)
         hits.append(hit)
-        hidden = prenorm
+        hidden = draft.feedback(prenorm)
     return TTTResult(
         loss, torch.stack(sums), torch.stack(correct), torch.stack(counted), terms, hits, torch.stack(accepts)
     )

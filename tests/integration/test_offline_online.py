@@ -14,6 +14,7 @@ from bench.distill_inprocess import regenerate
 from eagle3.draft_trainer.config import load_config
 from eagle3.draft_trainer.evaluate import heldout_prompts, load_export_draft
 from eagle3.draft_trainer.export import export_draft
+from eagle3.draft_trainer.model import NORM_FLAGS
 from eagle3.draft_trainer.offline_online import compare_offline_online
 from eagle3.draft_trainer.speculate import VerifierTaps
 from eagle3.draft_trainer.train import train
@@ -29,10 +30,12 @@ K = 4
 NEW_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+@pytest.fixture(scope="module", params=[False, True], ids=["eagle3", "eagle3.1-norms"])
+def trained(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
     """A tiny random verifier, 64 of its greedy answers as features, a draft trained on them (vocab 80 of 97,
-    so some verifier tokens are out of the draft vocab, as with real drafts)."""
+    so some verifier tokens are out of the draft vocab, as with real drafts); also with the three Eagle-3.1
+    norms on (training and speculation must feed the post-norm hidden back alike)."""
+    norms = dict.fromkeys(NORM_FLAGS, request.param)
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("offon")
     model = tiny_llama_dir(root / "model", hidden_size=64, seed=4)
@@ -46,18 +49,19 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     save_vocab(vocab, stats, counts, root / "vocab")
     cfg = load_config(None, {"features": str(features), "vocab": str(root / "vocab"), "model": str(model),
                              "out": str(root / "run"), "ttt_steps": K, "max_batch_tokens": 512, "epochs": 12,
-                             "lr": 3e-3, "progress": False, "heldout_fraction": 0.0})  # fmt: skip
+                             "lr": 3e-3, "progress": False, "heldout_fraction": 0.0, **norms})  # fmt: skip
     train(cfg)
     export = export_draft(root / "run", root / "export")
-    return {"model": model, "prepared": prepared, "features": features, "export": export}
+    return {"model": model, "prepared": prepared, "features": features, "export": export, "norms": request.param}
 
 
-def test_offline_step0_and_round_walk_match_online_acceptance(trained: dict[str, Path]) -> None:
+def test_offline_step0_and_round_walk_match_online_acceptance(trained: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     verifier: Any = AutoModelForCausalLM.from_pretrained(str(trained["model"]), dtype=torch.float32).eval()
     _, tensors = load_verifier_tensors(trained["model"])
     draft = load_export_draft(trained["export"], tensors["embed"])
+    assert (draft.cfg.norm_output, draft.cfg.norm_before_fc) == (trained["norms"],) * 2  # the export carried them
     teacher = Teacher(tensors["norm"], tensors["lm_head"], draft.cfg.rms_norm_eps)
     taps = VerifierTaps(verifier, draft.cfg.aux_layer_ids)
     backend = HfBackend(BackendConfig(model=str(trained["model"]), aux_layer_ids=draft.cfg.aux_layer_ids,

@@ -22,8 +22,10 @@ speculators' ``from_pretrained``, so both forwards run the same weights. What th
   mean_terms H(p)``, the teacher's draft-vocab entropy, a constant of the data. Both normalise each step
   by its own term count and weight step ``k`` by ``decay^k``. Gradients of every trained tensor equal to
   fp32 tolerance (speculators keeps ``lm_head`` frozen: it has no gradient there; eagle3 trains it).
-  Rope positions differ by one (speculators' ``position_ids`` start at 1 after ``shift_batch``; eagle3's at 0,
-  as vLLM's drafter): rope is relative, so scores are equal up to rounding.
+  With the three Eagle-3.1 norms on (speculators' own defaults) the same holds: speculators' model is the
+  reference for what each flag means. Rope positions differ by one (speculators' ``position_ids`` start at 1
+  after ``shift_batch``; eagle3's at 0, as vLLM's drafter): rope is relative, so scores are equal up to
+  rounding.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from eagle3.draft_trainer.data import FeaturesData
 from eagle3.draft_trainer.export import export_draft
 from eagle3.draft_trainer.interop import SIDECAR
 from eagle3.draft_trainer.interop_speculators import to_speculators
-from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
+from eagle3.draft_trainer.model import NORM_FLAGS, EagleDraft, draft_config_from_target
 from eagle3.draft_trainer.ttt import PackedBatch, Teacher, load_verifier_tensors, step_valid, ttt_forward
 from eagle3.draft_trainer.vocab import build_draft_vocab, save_vocab
 from tests.trainer_helpers import tiny_llama_dir, write_features
@@ -62,7 +64,7 @@ def _samples() -> list[PreparedSample]:
     ]
 
 
-def _setup(tmp_path: Path) -> dict[str, Any]:
+def _setup(tmp_path: Path, norms: dict[str, bool] | None = None) -> dict[str, Any]:
     speculators = pytest.importorskip("speculators")
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import ArrowDataset, CollateFn
@@ -82,7 +84,7 @@ def _setup(tmp_path: Path) -> dict[str, Any]:
     save_vocab(vocab, stats, counts, tmp_path / "vocab")
 
     torch.manual_seed(0)
-    draft = EagleDraft(draft_config_from_target(target, DRAFT_VOCAB, AUX))
+    draft = EagleDraft(draft_config_from_target(target, DRAFT_VOCAB, AUX, norms=norms))
     with torch.no_grad():  # every tensor distinct from an init (norms too), and exactly bf16: the export's dtype
         for p in draft.parameters():
             p.copy_((p + 0.05 * torch.randn_like(p)).bfloat16().float())
@@ -99,7 +101,8 @@ def _setup(tmp_path: Path) -> dict[str, Any]:
     peer.load_verifier_weights()  # its own attach: verifier_norm, verifier_lm_head (the t2d rows)
     with torch.no_grad():
         peer.embed_tokens.weight.copy_(tensors["embed"])  # loaded only where NaN: set it, as eagle3's is
-    assert not (config.norm_before_residual or config.norm_before_fc or config.norm_output)
+    # the flags reach speculators' config from eagle3's export (all off unless asked)
+    assert {n: getattr(config, n) for n in NORM_FLAGS} == {n: bool((norms or {}).get(n)) for n in NORM_FLAGS}
 
     spec_dir = tmp_path / "speculators"
     to_speculators(features, spec_dir, tmp_path / "vocab")
@@ -166,8 +169,11 @@ def test_the_two_trainers_supervise_different_terms(tmp_path: Path) -> None:
             assert float((other - p.grad).norm() / p.grad.norm()) > 0.02, name
 
 
-def test_same_gradients_and_the_entropy_gap(tmp_path: Path) -> None:
-    s = _setup(tmp_path)
+@pytest.mark.parametrize("norms", [None, dict.fromkeys(NORM_FLAGS, True)], ids=["eagle3", "eagle3.1-norms"])
+def test_same_gradients_and_the_entropy_gap(tmp_path: Path, norms: dict[str, bool] | None) -> None:
+    """Also with the three Eagle-3.1 norms on: speculators' own model is the reference for what each means
+    (``norm_before_fc``'s ``input_norm``, the residual after ``hidden_norm``, the post-norm hidden fed back)."""
+    s = _setup(tmp_path, norms)
     draft, peer, batch, spec_batch = s["draft"], s["peer"], s["batch"], s["spec_batch"]
     # speculators' mask in eagle3's convention: shifted row j supervises what eagle3's row j - k does at step k
     spec_rows = _spec_rows(batch)
@@ -207,4 +213,4 @@ def test_same_gradients_and_the_entropy_gap(tmp_path: Path) -> None:
         assert p.grad is not None and theirs[peer_name].grad is not None, name
         torch.testing.assert_close(theirs[peer_name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
         compared += 1
-    assert compared == 12  # fc, 4 attention, 3 mlp, 3 layer norms, the final norm
+    assert compared == (13 if norms else 12)  # fc, 4 attention, 3 mlp, 3 layer norms, the final norm (+ input_norm)

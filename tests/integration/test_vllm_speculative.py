@@ -51,8 +51,12 @@ def draft_vocab_ids(vocab_size: int) -> torch.Tensor:
     return ids[ids % 10 != 7]  # [Vd]
 
 
-def verifier_head_draft(model_dir: Path) -> Any:
-    """An ``EagleDraft`` whose first drafted token is the verifier's greedy token (see module doc)."""
+def verifier_head_draft(model_dir: Path, norms: bool = False) -> Any:
+    """An ``EagleDraft`` whose first drafted token is the verifier's greedy token (see module doc). With
+    ``norms`` the three Eagle-3.1 norms are on, and ``fc`` sums the three slots after an ``input_norm`` that
+    zeroes the first two: the same function only where ``norm_before_fc`` is applied (a reader that
+    skipped it would sum three taps), and the other two norms are scale-only here (RMSNorm at ones, then
+    the final norm), so the prediction stands."""
     from safetensors import safe_open
 
     from eagle3.draft_trainer.model import EagleDraft, draft_config_from_target
@@ -60,7 +64,8 @@ def verifier_head_draft(model_dir: Path) -> Any:
     target = json.loads((model_dir / "config.json").read_text())
     n_layers, hidden = int(target["num_hidden_layers"]), int(target["hidden_size"])
     target_ids = draft_vocab_ids(int(target["vocab_size"]))
-    cfg = draft_config_from_target(target, int(target_ids.numel()), (2, n_layers // 2, n_layers))
+    flags = dict.fromkeys(("norm_before_fc", "norm_before_residual", "norm_output"), norms)
+    cfg = draft_config_from_target(target, int(target_ids.numel()), (2, n_layers // 2, n_layers), norms=flags)
     torch.manual_seed(0)
     draft = EagleDraft(cfg)
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
@@ -69,6 +74,10 @@ def verifier_head_draft(model_dir: Path) -> Any:
     with torch.no_grad():
         draft.fc.weight.zero_()
         draft.fc.weight[:, 2 * hidden :] = torch.eye(hidden)  # [H, 3H]: pass the last slot through
+        if norms:
+            draft.fc.weight[:, : 2 * hidden] = torch.eye(hidden).repeat(1, 2)  # [H, 3H]: sum all three slots ...
+            draft.input_norm.weight.zero_()
+            draft.input_norm.weight[2 * hidden :] = 1.0  # ... of which input_norm keeps the last only
         draft.midlayer.self_attn.o_proj.weight.zero_()
         draft.midlayer.mlp.down_proj.weight.zero_()
         draft.norm.weight.copy_(final_norm)
@@ -108,13 +117,14 @@ def expected_acceptance(generated: list[list[int]], vocab: set[int], k: int) -> 
     return n_drafts, per_pos
 
 
-def test_vllm_greedy_with_eagle3_draft_equals_without(smollm2_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("norms", [False, True], ids=["eagle3", "eagle3.1-norms"])
+def test_vllm_greedy_with_eagle3_draft_equals_without(smollm2_dir: Path, tmp_path: Path, norms: bool) -> None:
     require_vllm()
     from transformers import AutoTokenizer
 
     from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm, render_prompts
 
-    export_dir = export_with_trainer(verifier_head_draft(smollm2_dir), tmp_path / "run", tmp_path / "export")
+    export_dir = export_with_trainer(verifier_head_draft(smollm2_dir, norms), tmp_path / "run", tmp_path / "export")
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
     loops: list[Any] = [[tokenizer(t, add_special_tokens=False)["input_ids"][0]] * 20 for t in LOOP_TOKENS]
     prompts: list[Any] = [[{"role": "user", "content": q}] for q in QUESTIONS] + loops
