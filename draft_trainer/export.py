@@ -64,13 +64,9 @@ def export_config(model: EagleDraft) -> dict[str, Any]:
         "mlp_bias": False,
         "torch_dtype": "bfloat16",
         "eagle_aux_hidden_state_layer_ids": ids,
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": ids,
-            "use_aux_hidden_state": True,
-            "norm_before_fc": cfg.norm_before_fc,
-        },
-        # vLLM's LlamaForCausalLMEagle3 reads these three (norm_before_fc also from eagle_config); all false is
-        # EAGLE-3 as published and what a config without them means
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        # vLLM's LlamaForCausalLMEagle3 reads these three at the top level (norm_before_fc also from
+        # eagle_config); all false is EAGLE-3 as published and what a config without them means
         "norm_before_fc": cfg.norm_before_fc,
         "norm_before_residual": cfg.norm_before_residual,
         "norm_output": cfg.norm_output,
