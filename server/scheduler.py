@@ -337,8 +337,8 @@ class Scheduler:
 
     def _run_batch(self, batch: list[tuple[Request, Unit]]) -> None:
         """Run the pass's groups (units of one ``batch_key``; rate-setting kinds, the packed extraction,
-        first); after each group, charge its units (an extraction its tokens, other kinds their group's time in
-        tokens) and hand out its results (an
+        first); after each group, charge its units (server/pass_cost.py: an extraction the model of its pass,
+        other kinds their group's time) and hand out its results (an
         extraction's states do not wait for a generate slice in the same pass). Unfinished units go back
         to the head of their requests' queues at the end of the pass, in their order."""
         groups: dict[Hashable, list[int]] = {}
