@@ -29,10 +29,21 @@ PEER=$(ls -d "$OUT"/ckpt-speculators-adamw/[0-9]* | sort -V | tail -1)
 EVAL=(--model "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["model"])' "$RUN/run/config.json")"
       --engine vllm -k 3,5,7 --prompt-set mt-bench --prompt-set heldout --prepared "$PREPARED" --features "$FEATURES"
       --heldout-fraction 0.05 --n-prompts 60 --max-new-tokens 64 --dtype bfloat16 --kv-cache-gib 0 --json)
+# eagle3 again with the three Eagle-3.1 norms (speculators' defaults), the run's config otherwise, offline on
+# the same features (docs/training.md: at 2 epochs on demo_small they kept the chain alive past the trained
+# depth and cost a point at positions 2-3)
+"$PY" -m eagle3 train --config "$RUN/run/config.json" --set prepared= --set features_cache= --set features="$FEATURES" \
+    --set norm_before_fc=true --set norm_before_residual=true --set norm_output=true --set progress=false \
+    --out "$OUT/eagle3-norms/run" > "$OUT/train-eagle3-norms.log" 2>&1
+"$PY" -m eagle3 export "$OUT/eagle3-norms/run" --out "$OUT/eagle3-norms/export" >> "$OUT/train-eagle3-norms.log" 2>&1
 # shellcheck disable=SC2086
 "$PY" -m eagle3 eval "$RUN/export" "${EVAL[@]}" ${EAGLE3_PEER_EVAL_ARGS:-} > "$OUT/eval-eagle3.json"
 # shellcheck disable=SC2086
+"$PY" -m eagle3 eval "$OUT/eagle3-norms/export" "${EVAL[@]}" ${EAGLE3_PEER_EVAL_ARGS:-} > "$OUT/eval-eagle3-norms.json"
+# shellcheck disable=SC2086
 "$PY" -m eagle3 eval "$PEER" "${EVAL[@]}" ${EAGLE3_PEER_EVAL_ARGS:-} > "$OUT/eval-speculators.json"
 # eagle3's train time: the demo's own run (metrics.jsonl); the peer's from /usr/bin/time in train.log
-"$PY" -m bench.peer_table --eval eagle3="$OUT/eval-eagle3.json" --eval speculators="$OUT/eval-speculators.json" \
-    --time speculators="$OUT/train.log" --metrics eagle3="$RUN/run/metrics.jsonl" | tee "$OUT/table.md"
+"$PY" -m bench.peer_table --eval eagle3="$OUT/eval-eagle3.json" --eval eagle3-norms="$OUT/eval-eagle3-norms.json" \
+    --eval speculators="$OUT/eval-speculators.json" --time speculators="$OUT/train.log" \
+    --metrics eagle3="$RUN/run/metrics.jsonl" --metrics eagle3-norms="$OUT/eagle3-norms/run/metrics.jsonl" \
+    | tee "$OUT/table.md"
