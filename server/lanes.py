@@ -10,9 +10,10 @@ one: its time to first sample stays under about one full forward pass instead of
 pass in flight, then a full pass it shares with bulk samples).
 
 The lane stays within the fairness rules (server/scheduler.py): every lane pass is charged its
-backend time (its tokens and its share of a pass's fixed time, server/pass_cost.py) to its tenants' fairness clocks, and a request is eligible only while its tenant's clock
-is at most ``slack_tokens`` (one forward pass of token-equivalents) ahead of the floor (the least clock
-of the active tenants); the scheduler also runs an ordinary pass after ``MAX_LANE_STREAK`` lane passes in
+backend time (its tokens and its share of a pass's fixed time, server/pass_cost.py) to its tenants'
+fairness clocks, and a request is eligible only while its tenant's clock is at most ``slack_tokens``
+(one forward pass of token-equivalents) ahead of the floor (the least clock of the active tenants);
+the scheduler also runs an ordinary pass after ``MAX_LANE_STREAK`` lane passes in
 a row while bulk work waits. A tenant that floods the server with small requests, or keeps a few in
 flight in closed loops, is soon that far ahead: a tenant that goes idle keeps its clock (it comes back
 at ``max(own, floor)``, never reset down to the floor), and its requests then wait for ordinary passes,

@@ -4,7 +4,6 @@ decoding agree per token (step-0 draft right) and per round (position-1 acceptan
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
