@@ -82,8 +82,13 @@ def test_several_ks_in_one_run_equal_one_run_per_k_with_one_baseline_per_prompt(
                           "max_new_tokens": 16}  # fmt: skip
     alone = [evaluate(trained["export"], k=k, **kw) for k in (2, 4)]
     calls: list[int] = []
-    greedy = evaluate_module.greedy_generate
-    monkeypatch.setattr(evaluate_module, "greedy_generate", lambda *a: calls.append(a[2]) or greedy(*a))
+    from eagle3.draft_trainer.speculate import greedy_generate
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[2])  # max_new_tokens: the warm-up's 2, a baseline's 16
+        return greedy_generate(*args)
+
+    monkeypatch.setattr(evaluate_module, "greedy_generate", counted)
     both = evaluate_module.evaluate_ks(trained["export"], (2, 4), **kw)
     assert [r.k for r in both] == [2, 4]
     for one, many in zip(alone, both, strict=True):
