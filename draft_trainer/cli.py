@@ -110,9 +110,13 @@ def add_trainer_commands(
         help="wait up to this long for the servers still loading (default: as long as they expect their load "
         "to take, and then some, as eagle3 extract does; 0: do not wait)",
     )
-    p.add_argument("--vocab", required=True, type=Path, help="vocab directory or vocab.safetensors (eagle3 vocab)")
+    p.add_argument(
+        "--vocab", type=Path, default=None, help="vocab directory or vocab.safetensors (eagle3 vocab; or the config's)"
+    )
     add_model_argument(p)
-    p.add_argument("--out", required=True, type=Path, help="run directory (checkpoints, metrics, draft/)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="run directory (checkpoints, metrics, draft/; or the config's)"
+    )
     p.add_argument("--config", type=Path, default=None, help="config file (.yaml, .json or .toml) of TrainConfig keys")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
     p.add_argument(
@@ -273,26 +277,21 @@ def add_trainer_commands(
 
 
 def run_train(args: argparse.Namespace, make_source: Callable[[argparse.Namespace], Any] | None = None) -> int:
-    from eagle3.draft_trainer.config import load_config, parse_overrides
+    from eagle3.draft_trainer.config import data_overrides, load_config, parse_overrides
     from eagle3.draft_trainer.errors import ConfigError
     from eagle3.draft_trainer.train import train
 
-    streamed = bool(args.server or args.prepared or args.features_cache)
-    if args.features is not None and streamed:
-        raise ConfigError(
-            "--features trains offline; --prepared/--server/--features-cache stream: give one or the other"
-        )
-    if streamed and not (args.server and args.prepared):
-        raise ConfigError("streaming needs --prepared DIR and at least one --server URL")
-    if not streamed and args.features is None:
-        raise ConfigError("give --features DIR (eagle3 extract), or --prepared DIR and --server URL to stream")
-    overrides: dict[str, Any] = {"vocab": str(args.vocab), "out": str(args.out)}
-    if streamed:
-        overrides["prepared"] = str(args.prepared)
-        if args.features_cache is not None:
-            overrides["features_cache"] = str(args.features_cache)
-    else:
-        overrides["features"] = str(args.features)
+    overrides = data_overrides(
+        load_config(args.config, parse_overrides(args.set)),
+        features=args.features,
+        prepared=args.prepared,
+        features_cache=args.features_cache,
+        servers=args.server,
+    )
+    streamed = bool(overrides.get("prepared"))
+    for flag in ("vocab", "out"):
+        if getattr(args, flag) is not None:
+            overrides[flag] = str(getattr(args, flag))
     if args.model is not None:
         overrides["model"] = args.model
     if args.loss is not None:
@@ -300,6 +299,12 @@ def run_train(args: argparse.Namespace, make_source: Callable[[argparse.Namespac
     overrides.update(parse_overrides(args.set))
     cfg = load_config(args.config, overrides)
     require_model(cfg.model or None, "or the key model of --config, or --set model=...")
+    if not cfg.vocab:
+        raise ConfigError("no draft vocabulary: give --vocab DIR (eagle3 vocab), or the key vocab of --config")
+    if not cfg.out:
+        raise ConfigError(
+            "no run directory: give --out DIR, or the key out of --config (a run's own config.json has it)"
+        )
     if streamed and make_source is None:
         raise ConfigError("--server: this entry point cannot reach servers (run it through the eagle3 command)")
     result = train(cfg, make_source(args) if streamed and make_source is not None else None)

@@ -199,3 +199,34 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
         key, value = item.split("=", 1)
         out[key.strip()] = value
     return out
+
+
+def data_overrides(
+    file_cfg: TrainConfig,
+    *,
+    features: Path | None,
+    prepared: Path | None,
+    features_cache: Path | None,
+    servers: list[str],
+) -> dict[str, Any]:
+    """Where ``eagle3 train`` reads its features: its flags, else ``file_cfg`` (the config file and ``--set``: a
+    run's own ``config.json`` names its features, or its prepared dataset and cache; servers are always flags).
+    Offline clears the streaming keys and streaming the offline one, so a config of the other mode does not
+    clash with the flags."""
+    flags_stream = bool(servers or prepared or features_cache)
+    if features is not None and flags_stream:
+        raise ConfigError(
+            "--features trains offline; --prepared/--server/--features-cache stream: give one or the other"
+        )
+    if features is not None or (not flags_stream and file_cfg.features):
+        return {"features": str(features or file_cfg.features), "prepared": "", "features_cache": ""}
+    source = prepared or file_cfg.prepared
+    if not (servers and source):
+        if not flags_stream and not source:
+            raise ConfigError("give --features DIR (eagle3 extract), or --prepared DIR and --server URL to stream")
+        raise ConfigError("streaming needs --prepared DIR and at least one --server URL (the servers are always flags)")
+    return {
+        "prepared": str(source),
+        "features_cache": str(features_cache or file_cfg.features_cache or ""),
+        "features": "",
+    }

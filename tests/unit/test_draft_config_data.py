@@ -157,3 +157,28 @@ def test_cli_train_data_options(
     code = main(["train", *args, "--vocab", "v", "--out", str(tmp_path / "run"), "--model", "SmolLM2-135M-Instruct"])
     assert code == 1
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "message"),
+    [
+        ({"features": "FEAT"}, [], "not a features directory"),  # the config's features are read
+        ({"prepared": "p", "features_cache": "c"}, [], "needs --prepared DIR and at least one --server URL"),
+        ({"features": "FEAT"}, ["--server", "http://127.0.0.1:9"], "needs --prepared DIR"),
+        ({"features": "FEAT", "vocab": ""}, [], "no draft vocabulary: give --vocab DIR"),
+        ({"features": "FEAT", "out": ""}, [], "no run directory: give --out DIR"),
+    ],
+)
+def test_cli_train_takes_a_runs_own_config(
+    config: dict[str, str], args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``eagle3 train --config RUN/config.json`` needs no other flag: vocab, out and the data come from it
+    (the servers are flags); what is missing is named with its flag and its config key."""
+    import json
+
+    values = {"vocab": "v", "out": str(tmp_path / "run"), "model": "SmolLM2-135M-Instruct", **config}
+    values = {k: (str(tmp_path) if v == "FEAT" else v) for k, v in values.items()}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(values))
+    assert main(["train", "--config", str(path), *args]) == 1
+    assert message in capsys.readouterr().err
