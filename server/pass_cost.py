@@ -1,8 +1,8 @@
 """What a unit of backend work costs in the fairness clock's unit (token-equivalents of full extraction passes).
 
 A forward pass takes a fixed time plus a time per token, ``t = a + b * n``: on a GPU the fixed part is the
-kernel launches and the scheduler's own work, on this CPU the Python around the model. A pass of 128 tokens
-can take a third of a pass of 1,024. Charging an extraction only its tokens lets a tenant whose closed-loop
+kernel launches and the scheduler's own work, on this CPU the Python around the model, so a small pass costs
+far more per token than a full one. Charging an extraction only its tokens lets a tenant whose closed-loop
 clients fill small lane passes (server/lanes.py) take two thirds of the backend time while its clock says
 half (measured with 16 loops of 8 tokens beside a bulk tenant, ``tests/e2e/test_lane_fairness.py``).
 
