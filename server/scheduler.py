@@ -35,7 +35,6 @@ lane's (``max_batch_tokens``), ``P`` the largest charge of one pass.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import threading
@@ -43,7 +42,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-from eagle3.server.feature_cache import FeatureCache, compute_with_cache
+from eagle3.server.feature_cache import FeatureCache
 from eagle3.server.lanes import BULK, lane_of, lane_requests
 from eagle3.server.metrics import Metrics
 from eagle3.server.pass_cost import PassCost
@@ -57,6 +56,7 @@ from eagle3.server.request_state import (
     Result,
     request_buffer_tokens,
 )
+from eagle3.server.run_group import run_cached
 from eagle3.server.units import Engine, Outcome, Sample, Unit, sample_error
 
 logger = logging.getLogger(__name__)
@@ -351,7 +351,7 @@ class Scheduler:
             use_cache = [batch[i][0].use_cache and batch[i][1].cacheable for i in at]
             started = self.clock()
             tenants = [batch[i][0].tenant for i in at]
-            outs, computed = self._run_cached(units, use_cache, tenants)
+            outs, computed = run_cached(self.cache, self.engine, units, use_cache, tenants)
             elapsed_s = max(self.clock() - started, 1e-9)
             group_tokens = sum(u.n_tokens for u in units)
             if computed:
@@ -422,34 +422,3 @@ class Scheduler:
                 self.metrics.inc(name, amount, tenant=tenant)
             except KeyError:  # a unit naming a counter /metrics does not declare: never the worker's end
                 logger.error("%s counts %r, which server/metrics.py does not declare", type(unit).__name__, name)
-
-    def _run_cached(
-        self, units: list[Unit], use_cache: list[bool], tenants: list[str]
-    ) -> tuple[list[Outcome], list[Unit]]:
-        """The group's outcomes, the cacheable ones looked up first (server/feature_cache.py; ``tenants``:
-        the key's tenant part under ``--cache-scope tenant``), and the units the backend ran. A unit
-        answered by the cache, or by its twin in the pass, counts nothing."""
-        ran: dict[int, Outcome] = {}
-
-        def compute(todo: list[Unit]) -> list[tuple[Any, dict[str, Any] | None]]:
-            outs = self._run_group(todo)
-            ran.update((id(u), o) for u, o in zip(todo, outs, strict=True))
-            return [(o.output, o.error) for o in outs]
-
-        pairs, computed = compute_with_cache(self.cache, units, use_cache, compute, tenants)
-        outcomes = [
-            dataclasses.replace(ran.get(id(u), Outcome()), output=output, error=error)
-            for u, (output, error) in zip(units, pairs, strict=True)
-        ]
-        return outcomes, computed
-
-    def _run_group(self, units: list[Unit]) -> list[Outcome]:
-        """One group's outcomes in order; the engine's failure fails the group, never the worker."""
-        try:
-            outs = units[0].run_batch(units, self.engine)
-            if len(outs) != len(units):
-                raise RuntimeError(f"{type(units[0]).__name__}.run_batch gave {len(outs)} outcomes for {len(units)}")
-            return outs
-        except Exception as exc:
-            logger.exception("backend failed on %r", units[0].sample_id)
-            return [Outcome(error=sample_error(exc)) for _ in units]
