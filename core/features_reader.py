@@ -82,6 +82,11 @@ class FeaturesReader:
     def n_tokens(self) -> int:
         return sum(sum(r.n_tokens) for r in self.records)
 
+    @property
+    def sample_n_tokens(self) -> list[int]:
+        """Each sample's length in tokens, in ``sample_ids`` order."""
+        return [n for record in self.records for n in record.n_tokens]
+
     def __contains__(self, sample_id: object) -> bool:
         return sample_id in self._by_id
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.features_union import open_features
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import is_heldout, variant_of
 from eagle3.core.sample import ExtractedSample
@@ -131,8 +131,13 @@ class SampleTable:
         return self.load(positions, max_batch_tokens).to(device)
 
     # the trainer's data interface, beside plan/load: no-ops for data that needs no prefetch
+    syncs_each_epoch = False  # True: ``begin`` takes one epoch at a time, ``epoch_sync`` between epochs
+
     def begin(self, micro_batches: Iterable[list[int]]) -> None:
         """The micro-batches this rank will ``load`` next, in order (a stream prefetches them)."""
+
+    def epoch_sync(self) -> None:
+        """Between two epochs, on every rank at once (a torchrun cache: every rank sees what the others wrote)."""
 
     def stats(self) -> dict[str, float]:
         """Counters for the training log since the last call (a stream's data wait, bytes, ...)."""
@@ -160,12 +165,12 @@ class FeaturesData(SampleTable):
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: deque[tuple[list[int], Future[PackedBatch | CompactBatch]]] = deque()
         self._upcoming: Iterator[list[int]] = iter(())
-        self.reader = FeaturesReader(features_dir)
+        self.reader = open_features(features_dir)  # a features directory, or a torchrun cache's rank directories
         if len(self.reader) == 0:
             raise DataError(f"{features_dir}: the features directory holds no samples")
         self.meta = self.reader.meta
         check_layout(self.meta, str(features_dir))
-        stored = np.array([n for r in self.reader.records for n in r.n_tokens], dtype=np.int64)  # [N]
+        stored = np.array(self.reader.sample_n_tokens, dtype=np.int64)  # [N]
         reader_ids = self.reader.sample_ids
         self._reader_pos = canonical_order(reader_ids)  # canonical position -> reader position
         self.ids = [reader_ids[p] for p in self._reader_pos]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,3 +29,27 @@ def all_reduce_sum(tensor: torch.Tensor, world: int) -> torch.Tensor:
     if world > 1:
         dist.all_reduce(tensor)
     return tensor
+
+
+def all_reduce_grads(params: Sequence[torch.Tensor], world: int) -> None:
+    """Sum every parameter's gradient over the ranks, in one collective, with the same result as one
+    process that ran every rank's micro-batches: a gradient that no rank computed stays ``None`` (AdamW
+    then leaves that parameter alone), one that some rank computed is summed with zeros from the others.
+
+    One buffer, so that every rank joins the same collectives whatever its micro-batches gave: a rank with
+    no micro-batch in an epoch's last step, or none with a counted term, has no gradients at all, and a
+    collective per parameter that is not ``None`` would then pair one rank's gradient with another's
+    scalar (gloo: "Received data size doesn't match expected size"; NCCL: a hang)."""
+    if world == 1 or not params:
+        return
+    device = params[0].device
+    present = torch.tensor([float(p.grad is not None) for p in params], device=device)  # [P]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+    buffer = torch.cat([flat, present])
+    dist.all_reduce(buffer)
+    flat, present = buffer[: flat.numel()], buffer[flat.numel() :]
+    offset = 0
+    for p, computed in zip(params, present.tolist(), strict=True):
+        grad = flat[offset : offset + p.numel()]
+        offset += p.numel()
+        p.grad = grad.view_as(p).to(p.dtype) if computed > 0 else None

@@ -14,6 +14,8 @@ Modes:
   fetched and appended to it with ``FeaturesWriter`` (the ``eagle3 extract`` format, crash-safe as
   extraction: a SIGKILL loses at most the shards in flight, and a restart fetches only what is missing).
   After the first epoch nothing is fetched; the directory is a features directory like any other.
+  Under torchrun each rank writes ``DIR/rank-N`` and reads the union of all of them, refreshed at each
+  epoch's barrier (``FeatureCache``); ``--features DIR`` reads that union too (``core/features_union.py``).
 
 The held-out evaluation loads its batches outside the plan: they are fetched (or read from the cache)
 at once, synchronously.
@@ -24,13 +26,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.features_union import FeaturesUnion, features_dirs, rank_dir, same_features
 from eagle3.core.features_writer import FeaturesWriter, bytes_per_token
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.protocol.prepared import PreparedSample, iter_prepared
@@ -118,23 +121,43 @@ class EpochReport:
 
 
 class FeatureCache:
-    """The hybrid mode's features directory: read what it holds, append what was fetched."""
+    """The hybrid mode's features directory: read what it holds, append what was fetched.
 
-    def __init__(self, cache_dir: Path, meta: FeaturesMeta) -> None:
-        self.dir = cache_dir
-        self.writer = FeaturesWriter.open(cache_dir, meta, background=True)  # checks identity, repairs, locks
-        self.reader = FeaturesReader(cache_dir)
+    Under torchrun (``world`` > 1) each rank appends to a features directory of its own, ``DIR/rank-N``
+    (a features directory takes one writer), and reads the others (DIR itself and every rank's) as one
+    (``core/features_union.py``) as of its last ``refresh``: the trainer refreshes at each epoch's
+    barrier, after every rank has flushed (``StreamedData.epoch_sync``)."""
+
+    def __init__(self, cache_dir: Path, meta: FeaturesMeta, rank: int = 0, world: int = 1) -> None:
+        self.root, self.meta = cache_dir, meta
+        self.dir = rank_dir(cache_dir, rank) if world > 1 else cache_dir
+        self.writer = FeaturesWriter.open(self.dir, meta, background=True)  # checks identity, repairs, locks
+        self.reader = FeaturesReader(self.dir)
+        self.others: FeaturesUnion | None = None  # the other directories of the cache
         self.n_read = 0
 
+    def refresh(self) -> None:
+        """Re-read the cache's other directories (the other ranks' as of their last flush; an earlier run's)."""
+        if self.others is not None:
+            self.others.close()
+            self.others = None
+        dirs = [d for d in features_dirs(self.root) if d != self.dir]
+        if dirs:
+            self.others = FeaturesUnion(dirs)
+            same_features(self.meta, self.others.meta, dirs[0], f"the servers' features for {self.dir}")
+
     def has(self, sample_id: str) -> bool:
-        return sample_id in self.writer.done_ids
+        return sample_id in self.writer.done_ids or (self.others is not None and sample_id in self.others)
 
     def get(self, sample_id: str) -> ExtractedSample:
+        self.n_read += 1
+        if sample_id not in self.writer.done_ids:
+            assert self.others is not None  # has() said it is in the cache
+            return self.others[sample_id]
         if sample_id not in self.reader:  # written by this run and not yet recorded when the reader opened
             self.writer.flush()
             self.reader.close()
             self.reader = FeaturesReader(self.dir)
-        self.n_read += 1
         return self.reader[sample_id]
 
     def add(self, sample: ExtractedSample) -> None:
@@ -147,6 +170,8 @@ class FeatureCache:
         finally:
             self.writer.release()
             self.reader.close()
+            if self.others is not None:
+                self.others.close()
 
 
 class StreamedData(SampleTable):
@@ -161,6 +186,9 @@ class StreamedData(SampleTable):
         features_cache: str | Path | None = None,
         max_batch_tokens: int = 2048,
         prefetch_micro_batches: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        barrier: Callable[[], None] | None = None,
     ) -> None:
         self.prepared_dir = Path(prepared_dir)
         self.source = source
@@ -194,8 +222,16 @@ class StreamedData(SampleTable):
         self.bytes_per_token = bytes_per_token(self.meta)  # L * H * 2
         n_micro = prefetch_micro_batches or max(4, 2 * source.n_workers)
         self.prefetch_bytes = n_micro * max_batch_tokens * self.bytes_per_token
-        self.cache = FeatureCache(Path(features_cache), self.meta) if features_cache else None
+        self.cache = FeatureCache(Path(features_cache), self.meta, rank, world) if features_cache else None
+        self._barrier = barrier if barrier is not None else (lambda: None)
+        # under torchrun with a cache, what another rank fetched is seen only after an epoch's barrier, so the
+        # prefetch must not run ahead into the next epoch (it would fetch those samples again)
+        self.syncs_each_epoch = self.cache is not None and world > 1
+        if self.cache is not None:
+            self._barrier()  # every rank's directory opened (repaired, locked) before any rank reads it
+            self.cache.refresh()
         self._prefetch: Prefetcher | None = None
+        self._fetched_before: dict[str, float] = {}  # the counters of the prefetches ``begin`` replaced
         self._pending: set[int] = set()  # hybrid: positions admitted for fetching, not yet in the cache
         self._started = time.monotonic()
 
@@ -204,6 +240,8 @@ class StreamedData(SampleTable):
     def begin(self, micro_batches: Iterable[list[int]]) -> None:
         if self._prefetch is not None:
             self._prefetch.close()
+            for key, value in self._prefetch.stats.as_dict().items():
+                self._fetched_before[key] = self._fetched_before.get(key, 0.0) + value
         self._prefetch = Prefetcher(self._fetch_positions, self.source.n_workers, self.prefetch_bytes)
         self._prefetch.start(self._with_work(micro_batches))
 
@@ -226,13 +264,23 @@ class StreamedData(SampleTable):
         return pack(samples, max_batch_tokens)
 
     def stats(self) -> dict[str, float]:
-        out: dict[str, float] = {"prefetch_bytes": self.prefetch_bytes}
+        out: dict[str, float] = {"prefetch_bytes": self.prefetch_bytes, **self._fetched_before}
         if self._prefetch is not None:
-            out.update(self._prefetch.stats.as_dict())
+            for key, value in self._prefetch.stats.as_dict().items():
+                out[key] = out.get(key, 0.0) + value
         if self.cache is not None:
             out["cache_read_samples"] = self.cache.n_read
         out.update(self.source.server_stats())
         return out
+
+    def epoch_sync(self) -> None:
+        """Under torchrun with a cache, between epochs (no prefetch running): write this rank's fetched
+        samples, wait for every rank to have written theirs, then read what they wrote."""
+        if self.cache is None:
+            return
+        self.cache.writer.flush()
+        self._barrier()
+        self.cache.refresh()
 
     def close(self) -> None:
         """Stop the prefetch, closing the source first so that requests in flight end now, not when their
@@ -283,8 +331,15 @@ class StreamedData(SampleTable):
             yield pos, sample
 
 
-def training_data(cfg: TrainConfig, source: FeatureSource | None) -> SampleTable:
-    """The trainer's data: a features directory (``cfg.features``), or ``cfg.prepared`` streamed from ``source``."""
+def training_data(
+    cfg: TrainConfig,
+    source: FeatureSource | None,
+    rank: int = 0,
+    world: int = 1,
+    barrier: Callable[[], None] | None = None,
+) -> SampleTable:
+    """The trainer's data: a features directory (``cfg.features``), or ``cfg.prepared`` streamed from ``source``
+    (``rank`` of ``world``; ``barrier`` waits for every rank: a cache under torchrun needs it)."""
     if source is None:
         if not cfg.features:
             raise ConfigError(
@@ -301,11 +356,6 @@ def training_data(cfg: TrainConfig, source: FeatureSource | None) -> SampleTable
         )
     if not cfg.prepared:
         raise ConfigError("streaming from servers needs the prepared dataset (--prepared, config key prepared)")
-    if cfg.features_cache and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(
-            "features_cache (hybrid) under torchrun: one features directory takes one writer; stream "
-            "without it (consume once), or fill it first (one process, or eagle3 extract)"
-        )
     return StreamedData(
         cfg.prepared,
         source,
@@ -313,4 +363,7 @@ def training_data(cfg: TrainConfig, source: FeatureSource | None) -> SampleTable
         features_cache=cfg.features_cache or None,
         max_batch_tokens=cfg.max_batch_tokens,
         prefetch_micro_batches=cfg.prefetch_micro_batches,
+        rank=rank,
+        world=world,
+        barrier=barrier,
     )

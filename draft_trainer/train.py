@@ -36,7 +36,7 @@ from eagle3.draft_trainer.checkpoint import (
 )
 from eagle3.draft_trainer.config import TrainConfig, resolve_device
 from eagle3.draft_trainer.errors import ConfigError, DataError
-from eagle3.draft_trainer.ranks import all_reduce_sum, join_ranks
+from eagle3.draft_trainer.ranks import all_reduce_grads, all_reduce_sum, join_ranks
 from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
 from eagle3.draft_trainer.stream_data import EpochReport, FeatureSource, training_data
 from eagle3.draft_trainer.trackers import open_trackers, parse_log_to
@@ -83,7 +83,8 @@ class Trainer:
         self.autocast = cfg.autocast_bf16_cuda if self.device.type == "cuda" else cfg.autocast_bf16
         self.rank, self.world = join_ranks(self.device)
         self.run_dir = Path(cfg.out)
-        self.data = training_data(cfg, source)  # a features directory, or streamed from servers (source)
+        barrier = dist.barrier if self.world > 1 else None
+        self.data = training_data(cfg, source, self.rank, self.world, barrier)  # a directory, or from servers
         meta = self.data.meta
         model, teacher = build_draft(cfg, meta.hidden_size, meta.aux_layer_ids)
         self.model, self.teacher = model.to(self.device), teacher.to(self.device)  # weights and d2t/t2d/embed
@@ -169,8 +170,12 @@ class Trainer:
         return group[self.rank :: self.world]
 
     def upcoming_micro_batches(self) -> Iterator[list[int]]:
-        """This rank's micro-batches from the current step to the end, in the order ``train_step`` loads them."""
-        for step in range(self.step, self.total_steps):
+        """This rank's micro-batches from the current step to the end (to the epoch's end where the data
+        syncs at each epoch: ``SampleTable.syncs_each_epoch``), in the order ``train_step`` loads them."""
+        end = self.total_steps
+        if self.data.syncs_each_epoch:
+            end = min(end, (self.step // self.steps_per_epoch + 1) * self.steps_per_epoch)
+        for step in range(self.step, end):
             yield from self.my_micro_batches(step)
 
     def train_step(self) -> dict[str, Any]:
@@ -208,12 +213,9 @@ class Trainer:
                 result.loss.backward()  # type: ignore[no-untyped-call]
             loss_total += result.loss.detach()
             stats += torch.stack([result.loss_sums, result.correct, result.n_terms, result.accept_sums])
-        if self.world > 1:
-            for p in self.params:
-                if p.grad is not None:
-                    dist.all_reduce(p.grad)
-            dist.all_reduce(loss_total)
-            dist.all_reduce(stats)
+        all_reduce_grads(self.params, self.world)
+        all_reduce_sum(loss_total, self.world)
+        all_reduce_sum(stats, self.world)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
@@ -350,6 +352,10 @@ def train(cfg: TrainConfig, source: FeatureSource | None = None) -> RunResult:
                 _log(metrics, epoch_report.close(trainer.step, trainer.steps_per_epoch, trainer.data.stats()))
             if main and trainer.step % cfg.checkpoint_every_steps == 0:
                 save_checkpoint(run_dir, trainer.state())
+            epoch_ended = trainer.step % trainer.steps_per_epoch == 0 and trainer.step < trainer.total_steps
+            if trainer.data.syncs_each_epoch and epoch_ended:  # a torchrun cache: every rank sees the others'
+                trainer.data.epoch_sync()
+                trainer.data.begin(trainer.upcoming_micro_batches())
         if main:
             save_checkpoint(run_dir, trainer.state())
             save_draft(trainer.model, run_dir / DRAFT_DIR)

@@ -302,3 +302,49 @@ def test_a_loading_server_is_waited_for_by_default(files: dict[str, Any]) -> Non
         assert meta.hidden_size > 0 and longest > 0
     finally:
         starting.stop()
+
+
+def test_torchrun_hybrid_cache_is_fetched_once_across_ranks(
+    files: dict[str, Any], server: LiveServer, offline: dict[str, Any]
+) -> None:
+    """Hybrid under torchrun: each rank writes its own directory of the cache (``CACHE/rank-N``) and reads
+    every rank's after each epoch's barrier, so every sample is fetched once in all (not once per rank
+    that trains it), the run equals one process with the same global batch, and the cache reads back as
+    one features directory (offline, and as a hybrid cache of a one-process run that fetches nothing)."""
+    root = files["root"]
+    cache, run = root / "ddp-cache", root / "ddp-hybrid"
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+            "-m", "eagle3.train", "--prepared", str(files["prepared"]), "--server", server.url,
+            "--features-cache", str(cache), "--vocab", str(files["vocab"]), "--model", str(files["model"]),
+            "--out", str(run)]  # fmt: skip
+    for key, value in TRAIN.items():
+        args += ["--set", f"{key}={value}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    # the reference: one process on the features directory, the same global batch (2 micro-batches a step)
+    reference = root / "offline-accum2"
+    train(_cfg(files, reference, features=str(offline["features"]), grad_accum_steps="2"))
+    got, want = _losses(run), _losses(reference)
+    assert [s for s, _ in got] == [s for s, _ in want] and len(got) > 5
+    np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-4, atol=1e-5)
+    for name, tensor in _weights(reference).items():
+        torch.testing.assert_close(_weights(run)[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+    epochs = [r for r in map(json.loads, (run / METRICS_FILE).read_text().splitlines()) if r.get("epoch_data")]
+    assert [r["epoch"] for r in epochs] == [0, 1, 2]
+    assert epochs[0]["fetched_tokens"] > 0 and [r["fetched_tokens"] for r in epochs[1:]] == [0, 0]  # rank 0
+    per_rank = [FeaturesData(cache / f"rank-{r}", heldout_fraction=0.1).ids for r in (0, 1)]
+    assert per_rank[0] and per_rank[1] and not set(per_rank[0]) & set(per_rank[1])  # none fetched twice
+    disk = FeaturesData(offline["features"], heldout_fraction=0.1)
+    union = FeaturesData(cache, heldout_fraction=0.1)  # --features reads the ranks' directories as one
+    assert union.ids == disk.ids
+    for pos in (0, len(disk.ids) // 2, len(disk.ids) - 1):
+        assert np.array_equal(union.sample(pos).states, disk.sample(pos).states)
+
+    again = root / "one-process-on-the-ddp-cache"
+    train(_cfg(files, again, prepared=str(files["prepared"]), features_cache=str(cache)), ServerSource([server.url]))
+    _assert_same_run(again, offline["run"])
+    records = [json.loads(line) for line in (again / METRICS_FILE).read_text().splitlines()]
+    assert [r["fetched_tokens"] for r in records if r.get("epoch_data")] == [0, 0, 0]
