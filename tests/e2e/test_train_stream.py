@@ -304,8 +304,44 @@ def test_a_loading_server_is_waited_for_by_default(files: dict[str, Any]) -> Non
         starting.stop()
 
 
+@pytest.fixture(scope="module")
+def offline_accum2(files: dict[str, Any], offline: dict[str, Any]) -> Path:
+    """Two ranks' reference: one process on the features directory, the same global batch (2 micro-batches a step)."""
+    reference = files["root"] / "offline-accum2"
+    train(_cfg(files, reference, features=str(offline["features"]), grad_accum_steps="2"))
+    return reference
+
+
+def _torchrun(files: dict[str, Any], server: LiveServer, run: Path, port: int, *extra: str) -> None:
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+            "-m", "eagle3.train", "--prepared", str(files["prepared"]), "--server", server.url, *extra,
+            "--vocab", str(files["vocab"]), "--model", str(files["model"]), "--out", str(run)]  # fmt: skip
+    for key, value in TRAIN.items():
+        args += ["--set", f"{key}={value}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _assert_same_as_two_ranks(run: Path, reference: Path) -> None:
+    got, want = _losses(run), _losses(reference)
+    assert [s for s, _ in got] == [s for s, _ in want] and len(got) > 5
+    np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-4, atol=1e-5)
+    for name, tensor in _weights(reference).items():
+        torch.testing.assert_close(_weights(run)[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_torchrun_consume_once(files: dict[str, Any], server: LiveServer, offline_accum2: Path) -> None:
+    """Two gloo ranks streaming their own micro-batches equal one process with the same global batch. Its
+    epoch 2 packs into 9 micro-batches over 5 steps of 2, so rank 1 has none in the last step: before
+    ``all_reduce_grads`` this run crashed there (gloo: a collective size mismatch)."""
+    run = files["root"] / "ddp-once"
+    _torchrun(files, server, run, 29532)
+    _assert_same_as_two_ranks(run, offline_accum2)
+
+
 def test_torchrun_hybrid_cache_is_fetched_once_across_ranks(
-    files: dict[str, Any], server: LiveServer, offline: dict[str, Any]
+    files: dict[str, Any], server: LiveServer, offline: dict[str, Any], offline_accum2: Path
 ) -> None:
     """Hybrid under torchrun: each rank writes its own directory of the cache (``CACHE/rank-N``) and reads
     every rank's after each epoch's barrier, so every sample is fetched once in all (not once per rank
@@ -313,24 +349,8 @@ def test_torchrun_hybrid_cache_is_fetched_once_across_ranks(
     one features directory (offline, and as a hybrid cache of a one-process run that fetches nothing)."""
     root = files["root"]
     cache, run = root / "ddp-cache", root / "ddp-hybrid"
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
-            "-m", "eagle3.train", "--prepared", str(files["prepared"]), "--server", server.url,
-            "--features-cache", str(cache), "--vocab", str(files["vocab"]), "--model", str(files["model"]),
-            "--out", str(run)]  # fmt: skip
-    for key, value in TRAIN.items():
-        args += ["--set", f"{key}={value}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-    # the reference: one process on the features directory, the same global batch (2 micro-batches a step)
-    reference = root / "offline-accum2"
-    train(_cfg(files, reference, features=str(offline["features"]), grad_accum_steps="2"))
-    got, want = _losses(run), _losses(reference)
-    assert [s for s, _ in got] == [s for s, _ in want] and len(got) > 5
-    np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-4, atol=1e-5)
-    for name, tensor in _weights(reference).items():
-        torch.testing.assert_close(_weights(run)[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    _torchrun(files, server, run, 29533, "--features-cache", str(cache))
+    _assert_same_as_two_ranks(run, offline_accum2)
 
     epochs = [r for r in map(json.loads, (run / METRICS_FILE).read_text().splitlines()) if r.get("epoch_data")]
     assert [r["epoch"] for r in epochs] == [0, 1, 2]
