@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +40,7 @@ from filelock import FileLock, Timeout
 
 from eagle3.core.atomic_write import fsync_dir, write_atomic
 from eagle3.core.codec import safetensors_parts
-from eagle3.core.errors import FeaturesLockedError, IncompatibleError, InsufficientDiskError
+from eagle3.core.errors import FeaturesLockedError, IncompatibleError
 from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol.features import (
     FEATURES_META_FILE,
@@ -54,29 +53,21 @@ from eagle3.core.protocol.features import (
     read_features_meta,
 )
 from eagle3.core.sample import ExtractedSample
-from eagle3.core.shard_files import ShardFile, shard_checksum_ok, write_error
+from eagle3.core.shard_files import (
+    DEFAULT_SHARD_MB,
+    ShardFile,
+    check_free_disk,
+    repair_manifest_tail,
+    shard_checksum_ok,
+    write_error,
+)
 from eagle3.core.shard_states import bytes_per_token, cumulative, i64_bytes, raw_bytes, states_specs, stored_states
 
 __all__ = ["DEFAULT_SHARD_MB", "FeaturesWriter", "bytes_per_token", "check_free_disk"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SHARD_MB = 256
-DISK_OVERHEAD_BYTES = 64 << 20  # headers, manifest, one shard's .tmp slack
 HEADER_RESERVE_MAX_BYTES = 1 << 20  # background writer: safetensors header room per shard (~10k sample ids)
-
-
-def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard_mb: float = DEFAULT_SHARD_MB) -> int:
-    """Raise ``InsufficientDiskError`` unless the disk holds ``n_tokens`` more; returns the bytes needed."""
-    needed = n_tokens * bytes_per_token(meta) + DISK_OVERHEAD_BYTES + int(shard_mb * (1 << 20))
-    free = shutil.disk_usage(features_dir).free
-    if free < needed:
-        raise InsufficientDiskError(
-            f"{features_dir}: {n_tokens} tokens need about {needed / 1e9:.2f} GB "
-            f"({meta.n_layers_stored} layers x {meta.hidden_size} x {meta.dtype} per token), "
-            f"only {free / 1e9:.2f} GB free"
-        )
-    return needed
 
 
 LOCK_FILE = ".lock"  # held by the writer while the directory is open (FeaturesWriter.open)
@@ -164,7 +155,7 @@ class FeaturesWriter:
                 self._check_identity(read_features_meta(self.dir))
             else:
                 write_atomic(meta_path, self.meta.to_json() + "\n")
-            self._repair_manifest_tail()
+            repair_manifest_tail(self.dir)
         except OSError as exc:
             raise write_error(exc, self.dir, "preparing the features directory") from None
         self.records = list(iter_manifest(self.dir))
@@ -207,19 +198,6 @@ class FeaturesWriter:
                 "(dtype/compression); a directory holds one format: give this run a new directory, or the "
                 f"--feature-dtype / --compress-shards of the run that started {self.dir}"
             )
-
-    def _repair_manifest_tail(self) -> None:
-        """Cut a torn last line (a crash mid-append) so the next append starts on a fresh line."""
-        path = self.dir / MANIFEST_FILE
-        if not path.is_file():
-            return
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-            logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
-            with open(path, "r+b") as fh:
-                fh.truncate(keep)
-                os.fsync(fh.fileno())
 
     # -- writing ----------------------------------------------------------------------------------
 

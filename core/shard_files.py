@@ -4,7 +4,8 @@
 ``background=True``; the other files of the directory go through ``eagle3.core.atomic_write``, as every
 crash-safe file of eagle3 does); ``write_error`` turns an ``OSError`` into the ``FeaturesWriteError`` that names
 what was being written and what survived; ``shard_checksum_ok`` checks a shard against its manifest
-line (xxh3-128, or sha256 in manifests written before it).
+line (xxh3-128, or sha256 in manifests written before it); ``check_free_disk`` refuses a run the disk
+cannot hold before it starts; ``repair_manifest_tail`` cuts a torn last manifest line (a crash mid-append).
 """
 
 from __future__ import annotations
@@ -12,16 +13,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import BinaryIO
 
 import xxhash
 
-from eagle3.core.errors import FeaturesWriteError
-from eagle3.core.protocol.features import MANIFEST_FILE, ShardRecord
+from eagle3.core.errors import FeaturesWriteError, InsufficientDiskError
+from eagle3.core.protocol.features import MANIFEST_FILE, FeaturesMeta, ShardRecord
+from eagle3.core.shard_states import bytes_per_token
 
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHARD_MB = 256
+DISK_OVERHEAD_BYTES = 64 << 20  # headers, manifest, one shard's .tmp slack
 SYNC_EVERY_BYTES = 64 << 20  # background shard: write-back started while the stream arrives
 _datasync = getattr(os, "fdatasync", os.fsync)  # fdatasync where the OS has it (not macOS)
 
@@ -125,3 +133,30 @@ def write_error(exc: OSError, features_dir: Path, what: str, n_shards: int | Non
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return FeaturesWriteError(f"{features_dir}: disk full while {what}{kept}")
     return FeaturesWriteError(f"{features_dir}: {what} failed: {exc.strerror or exc}{kept}")
+
+
+def check_free_disk(features_dir: Path, n_tokens: int, meta: FeaturesMeta, shard_mb: float = DEFAULT_SHARD_MB) -> int:
+    """Raise ``InsufficientDiskError`` unless the disk holds ``n_tokens`` more; returns the bytes needed."""
+    needed = n_tokens * bytes_per_token(meta) + DISK_OVERHEAD_BYTES + int(shard_mb * (1 << 20))
+    free = shutil.disk_usage(features_dir).free
+    if free < needed:
+        raise InsufficientDiskError(
+            f"{features_dir}: {n_tokens} tokens need about {needed / 1e9:.2f} GB "
+            f"({meta.n_layers_stored} layers x {meta.hidden_size} x {meta.dtype} per token), "
+            f"only {free / 1e9:.2f} GB free"
+        )
+    return needed
+
+
+def repair_manifest_tail(features_dir: Path) -> None:
+    """Cut a torn last line (a crash mid-append) so the next append starts on a fresh line."""
+    path = features_dir / MANIFEST_FILE
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        logger.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+            os.fsync(fh.fileno())
