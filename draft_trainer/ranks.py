@@ -31,6 +31,17 @@ def all_reduce_sum(tensor: torch.Tensor, world: int) -> torch.Tensor:
     return tensor
 
 
+def any_rank(flag: bool, world: int, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is True on any: one decision all ranks act on together (a SIGTERM
+    reaches the ranks at different moments; a rank that stopped alone would leave the others waiting in
+    a collective, and the checkpoint would be lost)."""
+    if world == 1:
+        return flag
+    value = torch.tensor(float(flag), device=device)
+    dist.all_reduce(value)
+    return bool(value.item() > 0)
+
+
 def all_reduce_grads(params: Sequence[torch.Tensor], world: int) -> None:
     """Sum every parameter's gradient over the ranks, in one collective, with the same result as one
     process that ran every rank's micro-batches: a gradient that no rank computed stays ``None`` (AdamW

@@ -36,7 +36,7 @@ from eagle3.draft_trainer.checkpoint import (
 )
 from eagle3.draft_trainer.config import TrainConfig, resolve_device
 from eagle3.draft_trainer.errors import ConfigError, DataError
-from eagle3.draft_trainer.ranks import all_reduce_grads, all_reduce_sum, join_ranks
+from eagle3.draft_trainer.ranks import all_reduce_grads, all_reduce_sum, any_rank, join_ranks
 from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
 from eagle3.draft_trainer.stream_data import EpochReport, FeatureSource, training_data
 from eagle3.draft_trainer.trackers import open_trackers, parse_log_to
@@ -327,7 +327,11 @@ def train(cfg: TrainConfig, source: FeatureSource | None = None) -> RunResult:
     names = parse_log_to(cfg.log_to) if main else ()
     trackers = open_trackers(names, run_dir, cfg.wandb_project, json.loads(cfg.to_json()))
     try:
-        while trainer.step < trainer.total_steps and not stop.requested:
+        stopping = False
+        while trainer.step < trainer.total_steps:
+            stopping = any_rank(stop.requested, trainer.world, trainer.device)  # every rank stops at the same step
+            if stopping:
+                break
             record = trainer.train_step()
             tokens_seen += record["tokens"]
             epoch_report.add(record)
@@ -359,8 +363,8 @@ def train(cfg: TrainConfig, source: FeatureSource | None = None) -> RunResult:
         if main:
             save_checkpoint(run_dir, trainer.state())
             save_draft(trainer.model, run_dir / DRAFT_DIR)
-        result = RunResult(run_dir, trainer.step, stop.requested, train_s=time.monotonic() - started)
-        if not stop.requested:
+        result = RunResult(run_dir, trainer.step, stopping, train_s=time.monotonic() - started)
+        if not stopping:
             result.heldout = trainer.evaluate_heldout()
             if main:
                 _log(metrics, dict(result.heldout, step=trainer.step, final=True, time=time.time()))

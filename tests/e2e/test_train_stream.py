@@ -312,14 +312,21 @@ def offline_accum2(files: dict[str, Any], offline: dict[str, Any]) -> Path:
     return reference
 
 
-def _torchrun(files: dict[str, Any], server: LiveServer, run: Path, port: int, *extra: str) -> None:
+def _torchrun_args(files: dict[str, Any], url: str, run: Path, port: int, *extra: str) -> list[str]:
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-            "-m", "eagle3.train", "--prepared", str(files["prepared"]), "--server", server.url, *extra,
+            "-m", "eagle3.train", "--prepared", str(files["prepared"]), "--server", url, *extra,
             "--vocab", str(files["vocab"]), "--model", str(files["model"]), "--out", str(run)]  # fmt: skip
     for key, value in TRAIN.items():
         args += ["--set", f"{key}={value}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return args
+
+
+TORCHRUN_ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _torchrun(files: dict[str, Any], server: LiveServer, run: Path, port: int, *extra: str) -> None:
+    args = _torchrun_args(files, server.url, run, port, *extra)
+    proc = subprocess.run(args, cwd=REPO_ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -368,3 +375,43 @@ def test_torchrun_hybrid_cache_is_fetched_once_across_ranks(
     _assert_same_run(again, offline["run"])
     records = [json.loads(line) for line in (again / METRICS_FILE).read_text().splitlines()]
     assert [r["fetched_tokens"] for r in records if r.get("epoch_data")] == [0, 0, 0]
+
+
+def _rank_pid(agent: int, rank: int) -> int:
+    for pid, _ in descendants(agent):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"eagle3.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no rank {rank} under torchrun {agent}")
+
+
+def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_one_step(files: dict[str, Any], offline_accum2: Path) -> None:
+    """A preemption's SIGTERM reaches the ranks at different moments; here only rank 1 gets one. Every rank
+    stops after the same step (they agree on it each step), rank 0 saves the checkpoint, torchrun exits 0,
+    and the rerun resumes to the same draft as one process with the same global batch. Before, rank 1
+    left alone and rank 0 died in the next all-reduce ("Connection reset by peer"): no checkpoint saved,
+    torchrun failed."""
+    root = files["root"]
+    run = root / "ddp-sigterm"
+    with _server(root, "sigterm-server", "--synthetic-tokens-per-s", "2000") as slow:  # a step takes ~0.1 s
+        args = _torchrun_args(files, slow.url, run, 29535)
+        proc = subprocess.Popen(args, cwd=REPO_ROOT, env=TORCHRUN_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            _wait_step(run, 3)
+            os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, out.decode()[-3000:]
+        assert b"stopped by SIGTERM" in out
+        stopped_at = torch.load(run / CHECKPOINT_FILE, weights_only=False)["step"]
+        assert 3 <= stopped_at < _losses(offline_accum2)[-1][0]
+        assert not (run / "heldout.json").exists()  # stopped: no final evaluation on any rank
+        done = subprocess.run(args, cwd=REPO_ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _assert_same_as_two_ranks(run, offline_accum2)
