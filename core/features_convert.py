@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.features_union import open_features
 from eagle3.core.features_writer import DEFAULT_SHARD_MB, FeaturesWriter
 from eagle3.core.protocol.features import CODEC_NONE, DTYPE_BF16, SHARD_CODECS, FeaturesFormatError
 
@@ -21,7 +21,7 @@ def convert_features(
     compressed at rest when ``compress``; returns the samples written by this call."""
     if dtype not in SHARD_CODECS:
         raise FeaturesFormatError(f"feature dtype {dtype!r}: expected one of {', '.join(SHARD_CODECS)}")
-    reader = FeaturesReader(source)
+    reader = open_features(source)
     if reader.meta.is_fp8 and dtype == DTYPE_BF16:
         raise FeaturesFormatError(
             f"{source} holds FP8 features; converting them to bfloat16 would not bring back what FP8 dropped: "

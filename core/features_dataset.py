@@ -11,7 +11,7 @@
 
 A ``DataLoader`` needs ``__len__`` and ``__getitem__`` only (no ``torch.utils.data.Dataset`` base), so
 this module imports torch only when an item is read: the core stays torch-free at import. Each worker
-process opens its own ``FeaturesReader`` (a dataset pickles as its directory and options, never the
+process opens its own reader (a dataset pickles as its directory and options, never the
 memory maps). Items are ``torch`` tensors of one sample; ``hidden_states`` is a zero-copy view of the
 shard's memory map (read-only: copy before writing into it); a compressed directory's are decompressed
 and an FP8 directory's dequantized (and rounded to bf16) per item instead. ``pad_collate`` right-pads a batch of
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.features_union import FeaturesUnion, open_features
 
 if TYPE_CHECKING:  # to a type checker it is the Dataset a DataLoader's signature asks for; at run time no torch
     from torch.utils.data import Dataset
@@ -43,7 +44,7 @@ class FeaturesDataset(_Base):
     ) -> None:
         self.features_dir = Path(features_dir)
         self.verify = verify
-        reader = FeaturesReader(self.features_dir, verify=verify)
+        reader = open_features(self.features_dir, verify=verify)
         self.aux_layer_ids = tuple(reader.meta.aux_layer_ids)
         self.final_layer_id = reader.meta.final_layer_id
         if sample_ids is None:
@@ -53,7 +54,7 @@ class FeaturesDataset(_Base):
             if missing:
                 raise KeyError(f"{len(missing)} sample id(s) not in {self.features_dir}, e.g. {missing[0]!r}")
             self.sample_ids = list(sample_ids)
-        self._reader: FeaturesReader | None = reader
+        self._reader: FeaturesReader | FeaturesUnion | None = reader
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -62,7 +63,7 @@ class FeaturesDataset(_Base):
         import torch
 
         if self._reader is None:  # a fresh process (DataLoader worker): open the directory here
-            self._reader = FeaturesReader(self.features_dir)
+            self._reader = open_features(self.features_dir)
         sample = self._reader[self.sample_ids[index]]
         return {
             "sample_id": sample.sample_id,

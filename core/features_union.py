@@ -16,7 +16,7 @@ is read from the first, in the order DIR, rank-0, rank-1, ...
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from eagle3.core.features_reader import FeaturesReader
@@ -65,13 +65,13 @@ def same_features(meta: FeaturesMeta, other: FeaturesMeta, where: Path, referenc
 class FeaturesUnion:
     """The samples of ``dirs`` (features directories), each read from the first directory holding it."""
 
-    def __init__(self, dirs: Sequence[Path]) -> None:
+    def __init__(self, dirs: Sequence[Path], *, verify: bool = False) -> None:
         if not dirs:
             raise FeaturesFormatError("no features directories to read")
         self.readers: list[FeaturesReader] = []
         try:
             for path in dirs:
-                reader = FeaturesReader(path)
+                reader = FeaturesReader(path, verify=verify)
                 self.readers.append(reader)
                 same_features(self.readers[0].meta, reader.meta, path, str(dirs[0]))
         except BaseException:
@@ -102,6 +102,10 @@ class FeaturesUnion:
     def __contains__(self, sample_id: object) -> bool:
         return sample_id in self._by_id
 
+    def __iter__(self) -> Iterator[ExtractedSample]:
+        for sample_id in self._ids:
+            yield self[sample_id]
+
     def __getitem__(self, key: int | str) -> ExtractedSample:
         if isinstance(key, int):
             key = self._ids[key]
@@ -114,9 +118,10 @@ class FeaturesUnion:
             reader.close()
 
 
-def open_features(features_dir: str | Path) -> FeaturesReader | FeaturesUnion:
-    """A features directory's reader; a directory with rank directories (a torchrun hybrid cache) as one union."""
+def open_features(features_dir: str | Path, *, verify: bool = False) -> FeaturesReader | FeaturesUnion:
+    """A features directory's reader; a directory with rank directories (a torchrun hybrid cache) as one union.
+    Every command that reads features opens them here (train, eval, convert, the notebook Dataset)."""
     dirs = features_dirs(features_dir)
     if dirs == [Path(features_dir)] or not dirs:
-        return FeaturesReader(features_dir)  # not a features directory at all: its own error names the file
-    return FeaturesUnion(dirs)
+        return FeaturesReader(features_dir, verify=verify)  # not a features directory: its own error names it
+    return FeaturesUnion(dirs, verify=verify)

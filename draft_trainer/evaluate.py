@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.features_union import open_features
 from eagle3.core.progress import ProgressBar
 from eagle3.core.protocol.prepared import is_heldout, iter_prepared
 from eagle3.draft_trainer.data import FeaturesData
@@ -128,7 +128,7 @@ def heldout_prompts(
     split: set[tuple[int, ...]] = set()
     n_features = 0
     if features is not None:
-        for extracted in FeaturesReader(features):
+        for extracted in open_features(features):
             n_features += 1
             mask = extracted.loss_mask.tolist()
             prompt_ids = tuple(extracted.input_ids[: mask.index(1) if 1 in mask else len(mask)].tolist())

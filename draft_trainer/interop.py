@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.features_union import open_features
 from eagle3.core.features_writer import FeaturesWriter
 from eagle3.core.identity import checkpoint_revision, model_config, tokenizer_sha256
 from eagle3.core.layers import check_aux_layer_ids, default_aux_layer_ids
@@ -141,7 +141,7 @@ def to_specforge(
     ``vocab_dir`` (an ``eagle3 vocab`` output): also ``vocab_mapping.pt``, ``{"d2t": int64 [K], "t2d": bool
     [V]}`` as SpecForge's ``process_token_dict_to_mappings`` saves it (the same convention: target id = draft
     id + d2t), so its trainer (``--vocab-mapping-path``) trains the same draft vocabulary."""
-    reader = FeaturesReader(features_dir)
+    reader = open_features(features_dir)
     meta = reader.meta
     mapping: dict[str, torch.Tensor] | None = None
     if vocab_dir is not None:

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.core.features_reader import FeaturesReader
+from eagle3.core.features_union import open_features
 from eagle3.core.features_writer import FeaturesWriter
 from eagle3.core.protocol.features import FeaturesMeta
 from eagle3.core.sample import ExtractedSample
@@ -118,7 +118,7 @@ def to_speculators(features_dir: str | Path, out_dir: str | Path, vocab_dir: str
     from datasets.table import InMemoryTable
     from safetensors.torch import save_file
 
-    reader = FeaturesReader(features_dir)
+    reader = open_features(features_dir)
     meta = reader.meta
     if meta.final_norm_applied:
         raise DataError(

@@ -57,3 +57,22 @@ def test_another_model_or_format_is_refused_naming_the_directory(tmp_path: Path)
     other.close()
     with pytest.raises(FeaturesFormatError, match=r"rank-1 holds features of another model .*revision: 'r1' -> 'r2'"):
         open_features(tmp_path)
+
+
+def test_every_reader_of_features_takes_a_torchrun_cache(tmp_path: Path) -> None:
+    """The notebook Dataset, ``eagle3 convert`` (here: into one plain directory) and iteration read the rank
+    directories as one, as the trainer does."""
+    from eagle3.core.features_convert import convert_features
+    from eagle3.core.features_dataset import FeaturesDataset
+
+    cache = tmp_path / "cache"
+    write(cache / "rank-0", [sample(0), sample(2)])
+    write(cache / "rank-1", [sample(1)])
+    dataset = FeaturesDataset(cache, verify=True)
+    assert len(dataset) == 3 and dataset.sample_ids == ["s0", "s2", "s1"]
+    assert dataset[2]["sample_id"] == "s1"
+    assert [s.sample_id for s in open_features(cache)] == ["s0", "s2", "s1"]
+    assert convert_features(cache, tmp_path / "plain", META.dtype) == 3
+    plain = open_features(tmp_path / "plain")
+    assert isinstance(plain, FeaturesReader) and sorted(plain.sample_ids) == ["s0", "s1", "s2"]
+    np.testing.assert_array_equal(plain["s1"].hidden_states_bf16, sample(1).hidden_states_bf16)
