@@ -307,7 +307,7 @@ def test_a_loading_server_is_waited_for_by_default(files: dict[str, Any]) -> Non
 @pytest.fixture(scope="module")
 def offline_accum2(files: dict[str, Any], offline: dict[str, Any]) -> Path:
     """Two ranks' reference: one process on the features directory, the same global batch (2 micro-batches a step)."""
-    reference = files["root"] / "offline-accum2"
+    reference: Path = files["root"] / "offline-accum2"
     train(_cfg(files, reference, features=str(offline["features"]), grad_accum_steps="2"))
     return reference
 
