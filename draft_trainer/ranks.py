@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 from collections.abc import Sequence
 
 import torch
@@ -16,6 +19,7 @@ def join_ranks(device: torch.device) -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1
+    watch_launcher()
     if not dist.is_initialized():
         if device.type == "cuda":
             dist.init_process_group("nccl", device_id=device)
@@ -29,6 +33,28 @@ def all_reduce_sum(tensor: torch.Tensor, world: int) -> torch.Tensor:
     if world > 1:
         dist.all_reduce(tensor)
     return tensor
+
+
+LAUNCHER_POLL_S = 1.0
+
+
+def watch_launcher(poll_s: float = LAUNCHER_POLL_S) -> threading.Thread:
+    """A rank outlives nothing: torchrun starts each rank in a session of its own, so a launcher killed
+    by SIGKILL (or a scheduler that kills only it) left the ranks training on, orphaned, holding the run
+    directory and the cache's locks, which refused the rerun. A daemon thread polls the parent pid and
+    SIGKILLs this rank once the parent is gone (reparented). SIGKILL loses nothing that a killed job
+    would not: checkpoints and cache shards are written crash-safe. Only for ranks (a one-process
+    ``eagle3 train`` under nohup outlives its shell on purpose)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="eagle3-launcher-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def any_rank(flag: bool, world: int, device: torch.device) -> bool:

@@ -415,3 +415,54 @@ def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_one_step(files: dict[s
         done = subprocess.run(args, cwd=REPO_ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     _assert_same_as_two_ranks(run, offline_accum2)
+
+
+def _ranks_of(run: Path) -> list[int]:
+    """Live processes whose command line trains ``run``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(run).encode() in cmdline and b"eagle3.train" in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_torchrun_hybrid_sigkilled_then_resumed(
+    files: dict[str, Any], server: LiveServer, offline_accum2: Path
+) -> None:
+    """A torchrun launcher SIGKILLed after a checkpoint: its ranks (torchrun starts each in a session of
+    its own, so the kill does not reach them) stop within seconds instead of training on orphaned and
+    holding the cache's locks, which refused the rerun (``ranks.watch_launcher``). The rerun resumes:
+    each rank reopens its own cache directory (repaired, the shards in flight lost) and reads the
+    others'; the draft equals one process with the same global batch."""
+    root = files["root"]
+    run, cache = root / "ddp-killed", root / "ddp-killed-cache"
+    args = _torchrun_args(files, server.url, run, 29536, "--features-cache", str(cache))
+    proc = subprocess.Popen(args, cwd=REPO_ROOT, env=TORCHRUN_ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not ((run / CHECKPOINT_FILE).exists() and any(s >= 3 for s, _ in _losses(run))):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group: not the ranks, in sessions of their own
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 10  # the ranks (sessions of their own) see their launcher gone and stop
+    while _ranks_of(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _ranks_of(run), "ranks outlived their killed launcher"
+    assert torch.load(run / CHECKPOINT_FILE, weights_only=False)["step"] < _losses(offline_accum2)[-1][0]
+    done = subprocess.run(args, cwd=REPO_ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _assert_same_as_two_ranks(run, offline_accum2)
+    assert (
+        FeaturesData(cache, heldout_fraction=0.1).ids == FeaturesData(run.parent / "features", heldout_fraction=0.1).ids
+    )
