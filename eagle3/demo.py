@@ -48,7 +48,7 @@ EXIT_STOPPED = 128 + signal.SIGTERM  # the status a shell gives a process ended 
 # decoding on a CPU without bf16 matmul units is several times slower than fp32 (extraction then runs the
 # fp32 contract, one call per sequence on CPU).
 DEMO_SERVER_DTYPE = "float32"
-DISTILL_NEW_TOKENS = 48  # per reply
+DISTILL_NEW_TOKENS = 48  # per reply, unless --reply-tokens
 DISTILL_PROMPTS_PER_REQUEST = 64  # one generate request: the verifier decodes 64 prompts as one batch
 SELF_INSTRUCT_MAX_TOKENS = 24  # a self-instruct user turn: chatterbot's are ~8 tokens, unsteered ones ~24
 # Dense TTT attention: the same math as blockwise (equal within 1e-5, tests/unit/test_ttt_attention.py) and
@@ -114,6 +114,15 @@ def add_demo_command(sub: Any) -> None:
         help="also N user prompts written by the verifier (steered by the first words of the training "
         "prompts; none equal to a dataset prompt, none held out) and its greedy replies (default 0)",
     )
+    p.add_argument(
+        "--reply-tokens",
+        type=positive_int,
+        default=DISTILL_NEW_TOKENS,
+        metavar="N",
+        help=f"new tokens at most in each distilled reply, chat and self-instruct alike (default "
+        f"{DISTILL_NEW_TOKENS}; longer replies are more of the verifier's long-form text, at up to "
+        f"N/{DISTILL_NEW_TOKENS} times the distill, extract and training cost)",
+    )
     p.add_argument("--bf16", action="store_true", help="train under bf16 autocast (1.2x faster on this CPU)")
     p.add_argument("--draft-vocab-size", type=positive_int, default=8192, help="K (default 8192)")
     p.add_argument("-k", type=positive_int, default=4, help="draft tokens per round in eval (default 4)")
@@ -148,7 +157,9 @@ def add_demo_command(sub: Any) -> None:
     p.set_defaults(func=run_demo)
 
 
-def add_self_instruct(out: Path, distilled: Path, server_url: str, n_prompts: int) -> Path:
+def add_self_instruct(
+    out: Path, distilled: Path, server_url: str, n_prompts: int, reply_tokens: int = DISTILL_NEW_TOKENS
+) -> Path:
     """``n_prompts`` self-instruct prompts and the verifier's greedy replies, with ``distilled`` in
     ``out/train-data``. The prompts come from ``client.self_instruct.self_instruct`` (what ``eagle3
     self-instruct`` runs): steered by the training-split prompts, none equal to an eval prompt, none held
@@ -163,7 +174,7 @@ def add_self_instruct(out: Path, distilled: Path, server_url: str, n_prompts: in
         f"{time.monotonic() - started:.0f} s -> {si_prompts}"
     )
     greedy = DistillConfig(
-        max_samples=n_prompts, max_new_tokens=DISTILL_NEW_TOKENS, prompts_per_request=DISTILL_PROMPTS_PER_REQUEST
+        max_samples=n_prompts, max_new_tokens=reply_tokens, prompts_per_request=DISTILL_PROMPTS_PER_REQUEST
     )
     print(distill_dataset(si_prompts, si_distilled, server_url, config=greedy).format_text())
     train_data = out / "train-data"
@@ -207,14 +218,14 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"  server ready at {server.url} (log {log_path})")
         distill = DistillConfig(
             max_samples=args.samples,
-            max_new_tokens=DISTILL_NEW_TOKENS,
+            max_new_tokens=args.reply_tokens,
             prompts_per_request=DISTILL_PROMPTS_PER_REQUEST,
             sampled_replies=args.sampled_replies,
         )
         print(distill_dataset(prepared, distilled, server.url, config=distill).format_text())
         train_data = distilled
         if args.self_instruct:
-            train_data = add_self_instruct(out, distilled, server.url, args.self_instruct)
+            train_data = add_self_instruct(out, distilled, server.url, args.self_instruct, args.reply_tokens)
         step(4, f"vocab -> {vocab_dir}")
         print(format_vocab_stats(make_vocab(train_data, vocab_dir, args.draft_vocab_size)))
         run_dir = out / "run"
