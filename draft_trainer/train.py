@@ -35,6 +35,7 @@ from eagle3.draft_trainer.checkpoint import (
     write_text_atomic,
 )
 from eagle3.draft_trainer.config import TrainConfig, resolve_device
+from eagle3.draft_trainer.cpu_bf16 import warn_if_emulated
 from eagle3.draft_trainer.errors import ConfigError, DataError
 from eagle3.draft_trainer.ranks import all_reduce_grads, all_reduce_sum, any_rank, join_ranks
 from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
@@ -81,6 +82,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.autocast = cfg.autocast_bf16_cuda if self.device.type == "cuda" else cfg.autocast_bf16
+        if self.autocast and self.device.type == "cpu":
+            warn_if_emulated()  # an AVX2-only CPU emulates bf16: 30-50x slower than fp32 (cpu_bf16.py)
         self.rank, self.world = join_ranks(self.device)
         self.run_dir = Path(cfg.out)
         barrier = dist.barrier if self.world > 1 else None

@@ -53,8 +53,9 @@ DISTILL_PROMPTS_PER_REQUEST = 64  # one generate request: the verifier decodes 6
 SELF_INSTRUCT_MAX_TOKENS = 24  # a self-instruct user turn: chatterbot's are ~8 tokens, unsteered ones ~24
 # Dense TTT attention: the same math as blockwise (equal within 1e-5, tests/unit/test_ttt_attention.py) and
 # faster at 512-token micro-batches, whose [heads, 512, 512] scores are small (docs/training.md, "Speed on
-# this CPU"). Training is fp32 unless --bf16 (autocast, 1.2x faster here; make demo-full sets it: at 18
-# epochs bf16 and fp32 drafts scored alike, docs/training.md).
+# this CPU"). Training is fp32 unless --bf16 (autocast, 1.2x faster on a CPU with native bf16; make demo-full
+# sets it: at 18 epochs bf16 and fp32 drafts scored alike, docs/training.md; kept fp32 where the CPU emulates
+# bf16, 30-50x slower: cpu_bf16 below).
 DEMO_HELDOUT_FRACTION = 0.05  # the trainer's hash split, which eval's prompts come from
 DEMO_TRAIN: dict[str, object] = {
     "ttt_steps": 4,
@@ -123,7 +124,12 @@ def add_demo_command(sub: Any) -> None:
         f"{DISTILL_NEW_TOKENS}; longer replies are more of the verifier's long-form text, at up to "
         f"N/{DISTILL_NEW_TOKENS} times the distill, extract and training cost)",
     )
-    p.add_argument("--bf16", action="store_true", help="train under bf16 autocast (1.2x faster on this CPU)")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="train under bf16 autocast where the CPU computes bf16 natively (AVX512-BF16 or AMX: 1.2x faster than "
+        "fp32); on a CPU that emulates it (AVX2 only: 30-50x slower, measured at start) the draft trains in fp32",
+    )
     p.add_argument("--draft-vocab-size", type=positive_int, default=8192, help="K (default 8192)")
     p.add_argument("-k", type=positive_int, default=4, help="draft tokens per round in eval (default 4)")
     p.add_argument(
@@ -183,6 +189,22 @@ def add_self_instruct(
     return train_data
 
 
+def cpu_bf16(requested: bool) -> bool:
+    """``--bf16`` on the CPU: bf16 autocast where the CPU computes bf16 natively; where it emulates it (AVX2
+    only: 30-50x slower than fp32, draft_trainer/cpu_bf16.py) the demo trains in fp32 and says so. On a GPU
+    the flag is moot (``autocast_bf16_cuda`` decides)."""
+    import torch
+
+    from eagle3.draft_trainer.cpu_bf16 import cpu_bf16_speed
+
+    if not requested or torch.cuda.is_available():
+        return requested
+    speed = cpu_bf16_speed()
+    if speed.slow:
+        print(f"  --bf16: this CPU has no native bf16 ({speed.describe()}): the draft trains in fp32")
+    return not speed.slow
+
+
 def step(n: int, text: str) -> None:
     print(f"[{n}/{N_STEPS}] {text}", flush=True)
 
@@ -234,7 +256,7 @@ def run_demo(args: argparse.Namespace) -> int:
             "model": args.model,
             "out": str(run_dir),
             "epochs": args.epochs,
-            "autocast_bf16": args.bf16,
+            "autocast_bf16": cpu_bf16(args.bf16),
             **DEMO_TRAIN,
         }
         if args.extract_first:

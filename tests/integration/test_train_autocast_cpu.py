@@ -32,3 +32,26 @@ def test_cpu_bf16_autocast_steps_match_fp32(tmp_path: Path) -> None:
         want, got = fp32.train_step(), bf16.train_step()
         assert got["tokens"] == want["tokens"]
         assert got["loss"] == pytest.approx(want["loss"], rel=5e-2)
+
+
+def test_bf16_autocast_on_a_cpu_that_emulates_it_is_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The user's choice stands (the run is bf16), but the log says this CPU has no native bf16 and what to set,
+    exactly when the probe measured it slow (an AVX2-only CPU, such as this project's VM since 2026-12-06)."""
+    from eagle3.draft_trainer.cpu_bf16 import cpu_bf16_speed
+
+    model = tiny_llama_dir(tmp_path / "model", hidden_size=32)
+    samples = random_samples(8, 97, seed=5)
+    features = write_features(samples, tmp_path / "features", model)
+    write_vocab(samples, tmp_path / "vocab", 97, 64)
+    cfg = {"features": str(features), "vocab": str(tmp_path / "vocab"), "model": str(model), "ttt_steps": 2,
+           "max_batch_tokens": 96, "epochs": 1, "progress": False, "device": "cpu"}  # fmt: skip
+    with caplog.at_level("WARNING", logger="eagle3.draft_trainer.cpu_bf16"):
+        Trainer(load_config(None, {**cfg, "out": str(tmp_path / "fp32")}))
+        assert not caplog.records  # fp32: no probe, no word
+        trainer = Trainer(load_config(None, {**cfg, "out": str(tmp_path / "bf16"), "autocast_bf16": True}))
+    assert trainer.autocast
+    warned = [r.getMessage() for r in caplog.records]
+    if cpu_bf16_speed().slow:
+        assert len(warned) == 1 and "no native bf16" in warned[0] and "autocast_bf16=false" in warned[0], warned
+    else:
+        assert not warned
