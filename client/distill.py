@@ -282,7 +282,8 @@ def read_partial(path: Path) -> list[PreparedSample]:
     return samples
 
 
-def _server_identity(info: ServerInfo) -> dict[str, Any]:
+def server_identity(info: ServerInfo) -> dict[str, Any]:
+    """What decides a server's replies: a rerun (distill's resume, self-instruct's reuse) needs the same."""
     return {
         "model_id": info.model_id,
         "revision": info.revision,
@@ -337,7 +338,7 @@ def distill_dataset(
     try:
         info = client.info()
         check_can_generate_for(info, meta, prepared)
-        state = {"prepared": str(prepared.resolve()), "server": _server_identity(info), "settings": cfg.identity()}
+        state = {"prepared": str(prepared.resolve()), "server": server_identity(info), "settings": cfg.identity()}
         if cfg.overwrite:
             for name in (SAMPLES_FILE, PARTIAL_FILE, STATE_FILE, META_FILE, STATS_FILE):
                 (out / name).unlink(missing_ok=True)

@@ -20,14 +20,17 @@ prompt of a dataset, so frequent openers come up often), each sequence starts wi
 (trivia "Which...", chat "Do you...", code "can you write...") in the verifier's own words.
 
 Invariants (tests/integration/test_self_instruct.py): the same server, config, openers and exclusions
-give the same prompts; every steered prompt starts with one of the openers; a prompt's stored ids are the
-chat template's rendering with the generation prompt (what ``eagle3 prepare`` produces for that turn).
+give the same prompts, so a rerun into the same directory with the same server, input and settings reuses
+the prompts written there (``STATE_FILE``, written after them) without a request; every steered prompt
+starts with one of the openers; a prompt's stored ids are the chat template's rendering with the
+generation prompt (what ``eagle3 prepare`` produces for that turn).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from eagle3.core.prompt_sets import normalize
 from eagle3.core.prompt_sets import render_user_prompt as render_prompt
 from eagle3.core.protocol.prepared import (
+    SAMPLES_FILE,
     PreparedMeta,
     PreparedSample,
     is_heldout,
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
     from eagle3.client.sdk import ExtractionClient
 
 IM_END = "<|im_end|>"
+STATE_FILE = "self-instruct.json"  # beside finished prompts: what made them (run_state); a rerun reuses them
 SEED_STRIDE = 100_003  # request r of seed s samples with seed s * SEED_STRIDE + r
 
 
@@ -206,6 +211,24 @@ def write_prompt_dir(
 class SelfInstructResult:
     texts: list[str]  # the kept prompts, in id order
     n_openers: int  # distinct openers that steered them (0: unsteered)
+    reused: bool = False  # out_dir held this run's prompts already: no request was made
+
+
+def run_state(
+    info: Any, prepared_dir: Path, config: SelfInstructConfig, heldout_fraction: float, steer: bool
+) -> dict[str, Any]:
+    """What decides the prompts (the same server, input, settings give the same prompts): recorded in
+    ``STATE_FILE`` beside them. The input is named by its path and its samples file's size and mtime (a
+    re-distilled input gets a new mtime, so its prompts are sampled again; a resumed one keeps its file)."""
+    from eagle3.client.distill import server_identity
+
+    samples = (prepared_dir / SAMPLES_FILE).stat()
+    return {
+        "prepared": str(prepared_dir.resolve()),
+        "prepared_samples": {"bytes": samples.st_size, "mtime_ns": samples.st_mtime_ns},
+        "server": server_identity(info),
+        "settings": {**dataclasses.asdict(config), "steer": steer, "heldout_fraction": heldout_fraction},
+    }
 
 
 def self_instruct(
@@ -220,17 +243,25 @@ def self_instruct(
     """``eagle3 self-instruct`` and ``eagle3 demo --self-instruct``: prompts for the dataset at
     ``prepared_dir`` (the directory that is trained on: its ids decide the held-out split) written to
     ``out_dir``. Refused before any request where the server cannot generate for its tokenizer
-    (``check_can_generate_for``); steered by the first words of its training-split prompts
+    (``check_can_generate_for``); reused where ``out_dir`` holds this run's prompts (``run_state``); steered
+    by the first words of its training-split prompts
     (``openers_and_turns``), none equal to any of its prompts, and only ids whose distilled answers train
     (``trains_as``), so the held-out split stays the dataset's own."""
     from eagle3.client.distill import ID_SUFFIX, check_can_generate_for
     from eagle3.client.prepare import load_tokenizer
 
     meta = read_meta(prepared_dir)
-    check_can_generate_for(client.info(), meta, Path(prepared_dir))
+    info = client.info()
+    check_can_generate_for(info, meta, Path(prepared_dir))
     tokenizer = load_tokenizer(Path(meta.model_dir))
     openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction)
     openers = openers if steer else []
+    out, state = Path(out_dir), run_state(info, Path(prepared_dir), config, heldout_fraction, steer)
+    finished = (out / SAMPLES_FILE).is_file() and (out / STATE_FILE).is_file()
+    if finished and json.loads((out / STATE_FILE).read_text()) == state:  # a rerun: the same prompts, written
+        return SelfInstructResult([s.source for s in iter_prepared(out)], len(set(openers)), reused=True)
+    (out / STATE_FILE).unlink(missing_ok=True)  # written last: present only beside finished prompts
     texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=openers)
-    write_prompt_dir(texts, out_dir, tokenizer, meta, id_ok=trains_as(ID_SUFFIX, heldout_fraction))
+    write_prompt_dir(texts, out, tokenizer, meta, id_ok=trains_as(ID_SUFFIX, heldout_fraction))
+    (out / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     return SelfInstructResult(texts, len(set(openers)))

@@ -38,7 +38,13 @@ def add_self_instruct_command(sub: Any) -> None:
         metavar="URL",
         help=f"the server, e.g. http://gpu-node:8000 (default: ${SERVER_URL_ENV})",
     )
-    p.add_argument("--out", required=True, type=Path, help="prepared directory of the prompts (replaced)")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="prepared directory of the prompts (a rerun with the same server, data and settings reuses it; "
+        "otherwise it is replaced)",
+    )
     p.add_argument("--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV})")
     p.add_argument("--prompts", type=positive_int, default=800, metavar="N", help="prompts to keep (default 800)")
     p.add_argument("--no-steer", action="store_true", help="no openers: the verifier writes whole turns")
@@ -71,6 +77,8 @@ def run_self_instruct(args: argparse.Namespace) -> int:
     with ExtractionClient(args.server, args.api_key) as client:
         result = self_instruct(client, args.prepared, args.out, config, args.heldout_fraction, steer=not args.no_steer)
     steer = f"steered by {result.n_openers} openers" if result.n_openers else "unsteered"
+    if result.reused:
+        steer += ", reused: written by a previous run with the same server, data and settings"
     sys.stdout.write(
         f"{len(result.texts)} prompts ({steer}) in {time.monotonic() - started:.0f} s -> {args.out}\n"
         f"next: eagle3 distill {args.out} --server {args.server} --out <dir>\n"

@@ -175,9 +175,10 @@ def add_self_instruct(
     si_prompts, si_distilled = out / "self-instruct", out / "self-instruct-distilled"
     with ExtractionClient(server_url) as client:
         result = self_instruct(client, distilled, si_prompts, config, DEMO_HELDOUT_FRACTION)
+    how = "reused from a previous run" if result.reused else f"in {time.monotonic() - started:.0f} s"
     print(
-        f"  self-instruct: {len(result.texts)} prompts written by the verifier ({result.n_openers} openers) in "
-        f"{time.monotonic() - started:.0f} s -> {si_prompts}"
+        f"  self-instruct: {len(result.texts)} prompts written by the verifier ({result.n_openers} openers) {how} "
+        f"-> {si_prompts}"
     )
     greedy = DistillConfig(
         max_samples=n_prompts, max_new_tokens=reply_tokens, prompts_per_request=DISTILL_PROMPTS_PER_REQUEST

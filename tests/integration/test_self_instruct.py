@@ -221,6 +221,18 @@ def test_cli_writes_steered_training_prompts(tmp_path: Path, server: LiveServer,
     train_words = tuple(w for w, s in zip(WORDS, prepared, strict=True) if not is_heldout(s.sample_id, 0.2))
     assert len(train_words) < len(WORDS) and all(s.source.startswith(train_words) for s in samples)
 
+    # the same command again reuses the prompts (no request: the server generates no token); another seed samples
+    written, before = (tmp_path / "si" / "samples.jsonl").read_bytes(), tokens_generated(server.url)
+    again = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "si"), "--prompts", "6",
+                            "--heldout-fraction", "0.2"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0 and "reused" in again.stdout, again.stdout + again.stderr
+    assert tokens_generated(server.url) == before and (tmp_path / "si" / "samples.jsonl").read_bytes() == written
+    reseeded = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "si"), "--prompts", "6",
+                               "--heldout-fraction", "0.2", "--seed", "1"], capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+    assert reseeded.returncode == 0 and "reused" not in reseeded.stdout, reseeded.stdout + reseeded.stderr
+    assert tokens_generated(server.url) > before
+
     missing = subprocess.run([*cmd, "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120,
                              env={k: v for k, v in os.environ.items() if k != "EAGLE3_SERVER_URL"})  # fmt: skip
     assert missing.returncode == 2 and "--server URL is required" in missing.stderr
@@ -233,3 +245,11 @@ def test_cli_writes_steered_training_prompts(tmp_path: Path, server: LiveServer,
                            text=True, timeout=120)  # fmt: skip
     assert other.returncode == 1 and "prepared for another tokenizer" in other.stderr
     assert not (tmp_path / "y").exists()
+
+
+def tokens_generated(url: str) -> float:
+    """The server's ``eagle3_tokens_generated_total``, summed over tenants."""
+    import httpx
+
+    lines = httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("eagle3_tokens_generated_total{"))
