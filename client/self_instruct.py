@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # the dedupe key and the one-user-turn render are the benchmark prompt sets' (core/prompt_sets.py)
+from eagle3.core.atomic_write import write_text_atomic
 from eagle3.core.prompt_sets import normalize
 from eagle3.core.prompt_sets import render_user_prompt as render_prompt
 from eagle3.core.protocol.prepared import (
@@ -231,6 +232,14 @@ def run_state(
     }
 
 
+def _recorded_state(out: Path) -> Any:
+    """The state a finished run recorded, or None (none, or unreadable: then the prompts are sampled again)."""
+    try:
+        return json.loads((out / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def self_instruct(
     client: ExtractionClient,
     prepared_dir: str | Path,
@@ -257,11 +266,10 @@ def self_instruct(
     openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction)
     openers = openers if steer else []
     out, state = Path(out_dir), run_state(info, Path(prepared_dir), config, heldout_fraction, steer)
-    finished = (out / SAMPLES_FILE).is_file() and (out / STATE_FILE).is_file()
-    if finished and json.loads((out / STATE_FILE).read_text()) == state:  # a rerun: the same prompts, written
+    if (out / SAMPLES_FILE).is_file() and _recorded_state(out) == state:  # a rerun: the same prompts, written
         return SelfInstructResult([s.source for s in iter_prepared(out)], len(set(openers)), reused=True)
     (out / STATE_FILE).unlink(missing_ok=True)  # written last: present only beside finished prompts
     texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=openers)
     write_prompt_dir(texts, out, tokenizer, meta, id_ok=trains_as(ID_SUFFIX, heldout_fraction))
-    (out / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    write_text_atomic(out / STATE_FILE, json.dumps(state, indent=2) + "\n")
     return SelfInstructResult(texts, len(set(openers)))

@@ -232,6 +232,12 @@ def test_cli_writes_steered_training_prompts(tmp_path: Path, server: LiveServer,
                               timeout=300)  # fmt: skip
     assert reseeded.returncode == 0 and "reused" not in reseeded.stdout, reseeded.stdout + reseeded.stderr
     assert tokens_generated(server.url) > before
+    (tmp_path / "si" / "self-instruct.json").write_text('{"prepared": ')  # torn: no reuse, and no crash either
+    torn = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "si"), "--prompts", "6",
+                           "--heldout-fraction", "0.2", "--seed", "1"], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert torn.returncode == 0 and "reused" not in torn.stdout, torn.stdout + torn.stderr
+    assert json.loads((tmp_path / "si" / "self-instruct.json").read_text())["settings"]["seed"] == 1
 
     missing = subprocess.run([*cmd, "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120,
                              env={k: v for k, v in os.environ.items() if k != "EAGLE3_SERVER_URL"})  # fmt: skip
