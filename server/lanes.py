@@ -56,7 +56,8 @@ def lane_requests(
     slack_tokens: float,
 ) -> list[R]:
     """The interactive requests eligible for a lane pass now (in FIFO order; empty: an ordinary pass).
-    ``active``: tenants with work waiting; ``served``: each tenant's fairness clock (token-equivalents)."""
+    ``active``: tenants with work that could run now (not one whose output buffers are full); ``served``:
+    each tenant's fairness clock (token-equivalents)."""
     if not active:
         return []
     floor = min(served.get(t, 0) for t in active)

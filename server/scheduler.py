@@ -12,7 +12,9 @@
   overhead and a generated token what it costs. A tenant that becomes active
   gets ``max(own clock, the floor)`` (the floor: the least clock of the active tenants, never
   decreasing): it does not bank idle time, and a tenant that goes idle after every pass (a
-  closed-loop client) comes back where it left, not level with the floor.
+  closed-loop client) comes back where it left, not level with the floor. A tenant whose every
+  request has a full output buffer (below) counts as idle: a reader that stops for a while comes
+  back at the floor, not with the passes it missed as credit to take all of them back at once.
 * Each request has a bounded output buffer (``max_buffered_tokens`` of running, finished and not yet
   streamed states; ``request_buffer_tokens`` sizes it: two forward passes' worth, so a lone request
   fills pass k+1 while pass k is being encoded and sent, capped in bytes, never below one full pass);
@@ -145,9 +147,8 @@ class Scheduler:
             req = Request(request_id, tenant, samples, self._lock, asyncio.get_running_loop(), use_cache=use_cache)
             req.lane = lane_of(n_tokens, self.interactive_max_tokens)
             req.pending.extend(samples)
-            if not self._tenant_active(tenant):  # neither banks idle time nor is reset to the floor
-                floor = self._advance_floor()
-                self._clock[tenant] = max(self._clock.get(tenant, floor), floor)
+            if not self._tenant_active(tenant):
+                self._become_active(tenant)
             self._requests.append(req)
             self.inflight_tokens += n_tokens
             self.tenant_inflight[tenant] = tenant_now + n_tokens
@@ -164,7 +165,10 @@ class Scheduler:
     def consumed(self, req: Request, result: Result[Any]) -> None:
         """The stream took ``result`` off the request's buffer: room for more of its samples."""
         with self._cond:
+            was_active = self._tenant_active(req.tenant)
             req.outstanding_tokens -= result.sample.n_tokens
+            if not was_active and self._tenant_active(req.tenant):  # back from a full buffer
+                self._become_active(req.tenant)
             self._cond.notify_all()
 
     def release(self, req: Request, n_tokens: int) -> None:
@@ -258,10 +262,12 @@ class Scheduler:
         return True
 
     def _active_tenants(self) -> set[str]:
-        return {r.tenant for r in self._requests if r.pending}
+        """Tenants with work that could run now. A request whose output buffer is full (its reader is
+        behind) is not backlogged: its tenant neither holds the floor down nor banks the passes it misses."""
+        return {r.tenant for r in self._requests if self._schedulable(r)}
 
     def _tenant_active(self, tenant: str) -> bool:
-        return any(r.tenant == tenant and r.pending for r in self._requests)
+        return any(r.tenant == tenant and self._schedulable(r) for r in self._requests)
 
     def _tenant_open(self, tenant: str) -> bool:
         return any(r.tenant == tenant for r in self._requests)
@@ -272,6 +278,12 @@ class Scheduler:
         if active:
             self._floor = max(self._floor, min(self._clock.get(t, self._floor) for t in active))
         return self._floor
+
+    def _become_active(self, tenant: str) -> None:
+        """(condition held) ``tenant`` has work that can run again (a new request, or room in a full
+        buffer): ``max(own clock, floor)``; it neither banks the time it was idle nor is reset down."""
+        floor = self._advance_floor()
+        self._clock[tenant] = max(self._clock.get(tenant, floor), floor)
 
     def _schedulable(self, req: Request) -> bool:
         if not req.pending or req.closed:

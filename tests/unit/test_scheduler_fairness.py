@@ -23,6 +23,7 @@ import pytest
 from eagle3.core.protocol.generate import Sampling
 from eagle3.server.backends.base import Generation
 from eagle3.server.generation import GenerateUnit, GenerateWork
+from eagle3.server.request_state import Request
 from eagle3.server.scheduler import Scheduler
 from eagle3.server.units import Sample, Unit
 from tests.unit.test_scheduler import drain
@@ -226,5 +227,58 @@ def test_a_tenant_idle_between_passes_keeps_its_clock() -> None:
         sched.submit("s1", "chat", extract_units(CHAT, 1, [8]))  # back at once, while bulk waits
         assert sched._clock["chat"] == ahead, "came back level with the floor (issue 31 R1)"
         sched.close(bulk)
+
+    asyncio.run(main())
+
+
+def test_a_reader_blocked_by_its_full_buffer_banks_no_credit() -> None:
+    """A tenant whose reader stops (its output buffer full: none of its samples can be scheduled) is not
+    backlogged: the floor moves on without it, and when it reads again it comes back at max(own clock, floor).
+    Before, it held the floor down and came back with all the passes it missed as credit, then took every
+    pass until level while the tenant that kept reading got none (the live two-tenant test's flake)."""
+    sim = SimBackend()
+    sched = Scheduler(
+        sim.extract,
+        clock=sim.clock,
+        max_batch_tokens=64,
+        max_buffered_tokens=64,  # one pass of output: a reader that stops blocks its request at once
+        max_inflight_tokens=1 << 20,
+        max_tenant_inflight_tokens=1 << 20,
+        interactive_max_tokens=0,
+    )
+
+    def one_pass() -> list[tuple[Request, Unit]]:
+        with sched._cond:
+            batch = sched.pick_batch()
+        sched._run_batch(batch)
+        return batch
+
+    async def read(req: Request) -> int:
+        n = 0
+        while req.outstanding_tokens:
+            for result in await req.next_results(timeout_s=5.0):
+                sched.consumed(req, result)
+                sched.release(req, result.sample.n_tokens)
+                n += 1
+        return n
+
+    async def main() -> None:
+        steady = sched.submit("a", "steady", extract_units(BULK, 0, [32] * 200))
+        stalled = sched.submit("b", "stalled", extract_units(CHAT, 0, [32] * 200))
+        for _ in range(40):  # "stalled" reads nothing: after its first pass its buffer is full
+            one_pass()
+            await read(steady)
+        assert stalled.outstanding_tokens == 64 and len(stalled.pending) == 200 - 2
+        await read(stalled)  # it reads again: from here both are backlogged
+        after = []
+        for _ in range(20):
+            after.append(one_pass())
+            await read(steady)
+            await read(stalled)
+        served = {t: sum(req.tenant == t for batch in after for req, _ in batch) for t in ("steady", "stalled")}
+        # fair turns from here (2 samples per pass, one each), give or take one pass: not 20 passes of "stalled"
+        assert served["steady"] >= 20 - 2, served
+        sched.close(steady)
+        sched.close(stalled)
 
     asyncio.run(main())
