@@ -64,6 +64,9 @@ DEMO_TRAIN: dict[str, object] = {
     "torch_threads": 2,
     "heldout_fraction": DEMO_HELDOUT_FRACTION,
     "attention": "dense",
+    # a multi-turn sample can outgrow a micro-batch: with --reply-tokens 96 one chatterbot conversation whose
+    # replies end before the cap keeps all its ~35 turns (3,343 tokens); its first 512 tokens are trained
+    "truncate": True,
 }
 # Speculative round cost in verifier decode forwards (bench/round_cost.py; docs/performance.md "Speculative
 # round cost"): a 5-token verify of the 135M verifier costs 2.2x a 1-token forward on this project's CPU (fp32,

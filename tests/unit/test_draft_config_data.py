@@ -182,3 +182,20 @@ def test_cli_train_takes_a_runs_own_config(
     path.write_text(json.dumps(values))
     assert main(["train", "--config", str(path), *args]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_the_demo_trains_a_sample_longer_than_its_micro_batch(features: Path) -> None:
+    """``eagle3 demo --reply-tokens 96`` distilled a 3,343-token conversation, over the demo's 512-token
+    micro-batch: the run failed at its first step. The demo's settings cut such a sample instead (here a
+    budget of 32 tokens against samples of up to 40, the same shape)."""
+    from eagle3.demo import DEMO_TRAIN
+
+    cfg = load_config(None, {**DEMO_TRAIN, "max_batch_tokens": 32})
+    data = FeaturesData(features, heldout_fraction=0.0)
+    assert max(int(n) for n in data.n_tokens) > cfg.max_batch_tokens
+    plan = data.plan(data.split.train, cfg.max_batch_tokens, seed=0, epoch=0, truncate=cfg.truncate)
+    assert sorted(p for b in plan for p in b) == sorted(data.split.train)
+    longest = int(np.argmax(data.n_tokens))
+    (alone,) = [b for b in plan if longest in b]
+    batch = data.load(alone, cfg.max_batch_tokens)
+    assert batch.input_ids.shape[-1] == cfg.max_batch_tokens  # its first 32 tokens
