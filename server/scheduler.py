@@ -165,9 +165,11 @@ class Scheduler:
     def consumed(self, req: Request, result: Result[Any]) -> None:
         """The stream took ``result`` off the request's buffer: room for more of its samples."""
         with self._cond:
-            was_active = self._tenant_active(req.tenant)
+            was_blocked = bool(req.pending) and not self._schedulable(req)  # rare: O(1) on the common path
             req.outstanding_tokens -= result.sample.n_tokens
-            if not was_active and self._tenant_active(req.tenant):  # back from a full buffer
+            back = was_blocked and self._schedulable(req)  # room again in a full buffer; was its tenant idle?
+            others = (r for r in self._requests if r is not req and r.tenant == req.tenant)
+            if back and not any(self._schedulable(r) for r in others):
                 self._become_active(req.tenant)
             self._cond.notify_all()
 
