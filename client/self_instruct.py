@@ -19,6 +19,13 @@ prompt of a dataset, so frequent openers come up often), each sequence starts wi
 (seeded) and the verifier writes the rest: the prompts follow the dataset's mix of question types
 (trivia "Which...", chat "Do you...", code "can you write...") in the verifier's own words.
 
+Other openers (``load_openers``): a file (one per line, repeats weigh), or ``task`` (``TASK_OPENERS``:
+instruction verbs and question stems, for prompts unlike a chat dataset's). A second set of prompts for
+the same dataset takes another ``id_prefix`` so its ids do not collide with the first.
+
+No kept prompt overlaps an evaluation prompt set (``core.prompt_sets.overlapping_prompts``: MT-Bench's
+first turns), so a draft trained on them is never scored on what it was trained on.
+
 Invariants (tests/integration/test_self_instruct.py): the same server, config, openers and exclusions
 give the same prompts, so a rerun into the same directory with the same server, input and settings reuses
 the prompts written there (``STATE_FILE``, written after them) without a request; every steered prompt
@@ -40,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 # the dedupe key and the one-user-turn render are the benchmark prompt sets' (core/prompt_sets.py)
 from eagle3.core.atomic_write import write_text_atomic
-from eagle3.core.prompt_sets import normalize
+from eagle3.core.prompt_sets import normalize, overlapping_prompts
 from eagle3.core.prompt_sets import render_user_prompt as render_prompt
 from eagle3.core.protocol.prepared import (
     SAMPLES_FILE,
@@ -59,6 +66,16 @@ if TYPE_CHECKING:
 IM_END = "<|im_end|>"
 STATE_FILE = "self-instruct.json"  # beside finished prompts: what made them (run_state); a rerun reuses them
 SEED_STRIDE = 100_003  # request r of seed s samples with seed s * SEED_STRIDE + r
+DATASET_OPENERS = "dataset"  # ``load_openers``: the first words of the dataset's training prompts
+# ``load_openers("task")``: general instruction openers (verbs and question stems of everyday requests:
+# writing, explaining, listing, code, planning), chosen without looking at any evaluation set; what the
+# verifier writes after them is checked against MT-Bench (``overlapping_prompts``)
+TASK_OPENERS = (
+    "Write", "Write a short", "Write a Python function", "Explain", "Explain why", "Describe", "Give me",
+    "List", "Summarize", "Create", "Generate", "Suggest", "Compare", "How do I", "How does", "Why is",
+    "What are the", "Can you explain", "Help me", "Tell me about", "Classify", "Rewrite", "Translate",
+    "Solve", "Calculate", "Design", "Plan", "Brainstorm", "Provide", "Outline",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,27 @@ def trains_as(id_suffix: str, heldout_fraction: float) -> Callable[[str], bool]:
     return lambda sample_id: not is_heldout(sample_id + id_suffix, heldout_fraction)
 
 
+class OpenersError(ValueError):
+    """An openers file that cannot steer: unreadable, or no opener in it."""
+
+
+def load_openers(spec: str) -> list[str] | None:
+    """``DATASET_OPENERS`` (None: the dataset's own first words), ``task`` (``TASK_OPENERS``) or a UTF-8
+    file with one opener per line (blank lines and ``#`` comments skipped; repeat a line to weigh it)."""
+    if spec == DATASET_OPENERS:
+        return None
+    if spec == "task":
+        return list(TASK_OPENERS)
+    try:
+        lines = Path(spec).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise OpenersError(f"--openers {spec}: not {DATASET_OPENERS!r}, 'task' or a readable UTF-8 file ({e})") from e
+    openers = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not openers:
+        raise OpenersError(f"{spec}: no opener (one per line; blank lines and # comments are skipped)")
+    return openers
+
+
 def sample_prompts(
     client: ExtractionClient,
     tokenizer: Any,
@@ -134,7 +172,8 @@ def sample_prompts(
 ) -> list[str]:
     """Up to ``config.n_prompts`` distinct user prompts written by the verifier ``client`` serves.
 
-    With ``openers``, each sequence's turn starts with one of them (drawn uniformly: repeats weigh).
+    With ``openers``, each sequence's turn starts with one of them (drawn uniformly: repeats weigh). None
+    equals an ``exclude`` text or overlaps an MT-Bench question (``overlapping_prompts``).
     ``tokenizer`` is the verifier's (the server's ``tokenizer_sha256``)."""
     cfg = config
     end_id = int(tokenizer.convert_tokens_to_ids(IM_END))
@@ -161,8 +200,10 @@ def sample_prompts(
             content = start + list(reply.output_ids[:-1])
             text = str(tokenizer.decode(content)).strip()
             key = normalize(text)
-            if key and key not in seen and is_acceptable(content, text, cfg.min_tokens, cfg.max_tokens):
-                seen.add(key)
+            if not key or key in seen or not is_acceptable(content, text, cfg.min_tokens, cfg.max_tokens):
+                continue
+            seen.add(key)
+            if not overlapping_prompts([text]):
                 kept.append(text)
         if len(kept) >= cfg.n_prompts:
             break
@@ -191,17 +232,18 @@ def write_prompt_dir(
     tokenizer: Any,
     meta: PreparedMeta,
     id_ok: Callable[[str], bool] = lambda _: True,
+    id_prefix: str = "si",
 ) -> Path:
     """A prepared directory of ``texts`` with one placeholder supervised token (``<|im_end|>``) each, so
-    ``eagle3 distill`` answers them. Ids are ``si-00000``, ``si-00001``... skipping any ``id_ok`` rejects
-    (the demo skips ids its held-out hash would take, so none of these prompts is held out)."""
+    ``eagle3 distill`` answers them. Ids are ``<id_prefix>-00000``, ``<id_prefix>-00001``... skipping any
+    ``id_ok`` rejects (the demo skips ids its held-out hash would take, so none of these prompts is held out)."""
     end_id = int(tokenizer.convert_tokens_to_ids(IM_END))
-    numbers = (n for n in itertools.count() if id_ok(f"si-{n:05d}"))
+    numbers = (n for n in itertools.count() if id_ok(f"{id_prefix}-{n:05d}"))
 
     def samples() -> Iterable[PreparedSample]:
         for text, number in zip(texts, numbers, strict=False):
             prompt = render_prompt(tokenizer, text)
-            yield PreparedSample(f"si-{number:05d}", [*prompt, end_id], [0] * len(prompt) + [1], source=text)
+            yield PreparedSample(f"{id_prefix}-{number:05d}", [*prompt, end_id], [0] * len(prompt) + [1], source=text)
 
     stats = {"source": "self-instruct", **diversity_stats(texts, tokenizer)}
     write_prepared(out_dir, samples(), dataclasses.replace(meta, inputs=["self-instruct"]), stats)
@@ -216,7 +258,13 @@ class SelfInstructResult:
 
 
 def run_state(
-    info: Any, prepared_dir: Path, config: SelfInstructConfig, heldout_fraction: float, steer: bool
+    info: Any,
+    prepared_dir: Path,
+    config: SelfInstructConfig,
+    heldout_fraction: float,
+    steer: bool,
+    openers: Sequence[str] | None = None,
+    id_prefix: str = "si",
 ) -> dict[str, Any]:
     """What decides the prompts (the same server, input, settings give the same prompts): recorded in
     ``STATE_FILE`` beside them. The input is named by its path and its samples file's size and mtime (a
@@ -229,6 +277,8 @@ def run_state(
         "prepared_samples": {"bytes": samples.st_size, "mtime_ns": samples.st_mtime_ns},
         "server": server_identity(info),
         "settings": {**dataclasses.asdict(config), "steer": steer, "heldout_fraction": heldout_fraction},
+        **({} if openers is None else {"openers": list(openers)}),
+        **({} if id_prefix == "si" else {"id_prefix": id_prefix}),
     }
 
 
@@ -248,14 +298,17 @@ def self_instruct(
     heldout_fraction: float,
     *,
     steer: bool = True,
+    openers: Sequence[str] | None = None,
+    id_prefix: str = "si",
 ) -> SelfInstructResult:
     """``eagle3 self-instruct`` and ``eagle3 demo --self-instruct``: prompts for the dataset at
     ``prepared_dir`` (the directory that is trained on: its ids decide the held-out split) written to
     ``out_dir``. Refused before any request where the server cannot generate for its tokenizer
     (``check_can_generate_for``); reused where ``out_dir`` holds this run's prompts (``run_state``); steered
     by the first words of its training-split prompts
-    (``openers_and_turns``), none equal to any of its prompts, and only ids whose distilled answers train
-    (``trains_as``), so the held-out split stays the dataset's own."""
+    (``openers_and_turns``) unless ``openers`` are given (``load_openers``), none equal to any of its
+    prompts, and only ids (``<id_prefix>-NNNNN``) whose distilled answers train (``trains_as``), so the
+    held-out split stays the dataset's own."""
     from eagle3.client.distill import ID_SUFFIX, check_can_generate_for
     from eagle3.client.prepare import load_tokenizer
 
@@ -263,13 +316,15 @@ def self_instruct(
     info = client.info()
     check_can_generate_for(info, meta, Path(prepared_dir))
     tokenizer = load_tokenizer(Path(meta.model_dir))
-    openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction)
-    openers = openers if steer else []
-    out, state = Path(out_dir), run_state(info, Path(prepared_dir), config, heldout_fraction, steer)
+    dataset_openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction)
+    steering = (dataset_openers if openers is None else list(openers)) if steer else []
+    out = Path(out_dir)
+    state = run_state(info, Path(prepared_dir), config, heldout_fraction, steer, openers, id_prefix)
     if (out / SAMPLES_FILE).is_file() and _recorded_state(out) == state:  # a rerun: the same prompts, written
-        return SelfInstructResult([s.source for s in iter_prepared(out)], len(set(openers)), reused=True)
+        return SelfInstructResult([s.source for s in iter_prepared(out)], len(set(steering)), reused=True)
     (out / STATE_FILE).unlink(missing_ok=True)  # written last: present only beside finished prompts
-    texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=openers)
-    write_prompt_dir(texts, out, tokenizer, meta, id_ok=trains_as(ID_SUFFIX, heldout_fraction))
+    texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=steering)
+    id_ok = trains_as(ID_SUFFIX, heldout_fraction)
+    write_prompt_dir(texts, out, tokenizer, meta, id_ok=id_ok, id_prefix=id_prefix)
     write_text_atomic(out / STATE_FILE, json.dumps(state, indent=2) + "\n")
-    return SelfInstructResult(texts, len(set(openers)))
+    return SelfInstructResult(texts, len(set(steering)))

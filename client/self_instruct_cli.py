@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from eagle3.client.sdk import API_KEY_ENV, SERVER_URL_ENV, ExtractionClient
-from eagle3.client.self_instruct import SelfInstructConfig, self_instruct
+from eagle3.client.self_instruct import (
+    DATASET_OPENERS,
+    TASK_OPENERS,
+    OpenersError,
+    SelfInstructConfig,
+    load_openers,
+    self_instruct,
+)
 from eagle3.core.cli_args import fraction_below_one, positive_float, positive_int, probability_mass
 
 
@@ -49,24 +57,56 @@ def add_self_instruct_command(sub: Any) -> None:
     p.add_argument("--prompts", type=positive_int, default=800, metavar="N", help="prompts to keep (default 800)")
     p.add_argument("--no-steer", action="store_true", help="no openers: the verifier writes whole turns")
     p.add_argument(
+        "--openers",
+        default=DATASET_OPENERS,
+        metavar="dataset|task|FILE",
+        help="what starts each prompt: the first words of PREPARED's training prompts (dataset, the default), "
+        f"general instruction openers (task: {', '.join(TASK_OPENERS[:4])}, ...), or a file with one per line",
+    )
+    p.add_argument(
+        "--id-prefix",
+        type=id_prefix,
+        default="si",
+        help="sample ids <prefix>-00000...: another prefix for a second set of prompts for the same data (default si)",
+    )
+    p.add_argument(
         "--heldout-fraction",
         type=fraction_below_one,
         default=0.05,
         help="the trainer's heldout_fraction (default 0.05): openers come from its train split",
     )
     p.add_argument("--max-tokens", type=positive_int, default=24, help="longest kept turn, tokens (default 24)")
+    p.add_argument(
+        "--prompts-per-request",
+        type=positive_int,
+        default=SelfInstructConfig.prompts_per_request,
+        help=f"sequences sampled per generate request (default {SelfInstructConfig.prompts_per_request})",
+    )
     p.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (default 1)")
     p.add_argument("--top-p", type=probability_mass, default=0.95, help="nucleus sampling mass (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="base seed: the same seed, server and data repeat (default 0)")
     p.set_defaults(func=run_self_instruct)
 
 
+def id_prefix(text: str) -> str:
+    """``--id-prefix``: letters, digits, ``_`` (ids stay plain words: no ``~``, which marks extra replies)."""
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,32}", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: 1-32 letters, digits or _")
+    return text
+
+
 def run_self_instruct(args: argparse.Namespace) -> int:
     if not args.server:
         sys.stderr.write(f"eagle3 self-instruct: error: --server URL is required (or set ${SERVER_URL_ENV})\n")
         return 2
+    try:
+        openers = load_openers(args.openers)
+    except OpenersError as e:
+        sys.stderr.write(f"eagle3 self-instruct: error: {e}\n")
+        return 2
     config = SelfInstructConfig(
         n_prompts=args.prompts,
+        prompts_per_request=args.prompts_per_request,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -75,7 +115,16 @@ def run_self_instruct(args: argparse.Namespace) -> int:
     )
     started = time.monotonic()
     with ExtractionClient(args.server, args.api_key) as client:
-        result = self_instruct(client, args.prepared, args.out, config, args.heldout_fraction, steer=not args.no_steer)
+        result = self_instruct(
+            client,
+            args.prepared,
+            args.out,
+            config,
+            args.heldout_fraction,
+            steer=not args.no_steer,
+            openers=openers,
+            id_prefix=args.id_prefix,
+        )
     steer = f"steered by {result.n_openers} openers" if result.n_openers else "unsteered"
     if result.reused:
         steer += ", reused: written by a previous run with the same server, data and settings"

@@ -108,7 +108,9 @@ class LocalServer:
                 body = response.json()
                 phase = str(body.get("phase", ""))
                 if body.get("status") == "failed":
-                    raise LocalServerError(f"eagle3 serve could not load the model ({phase}):\n{self.log_tail()}")
+                    raise LocalServerError(
+                        f"eagle3 serve could not load the model ({phase}){self._exit_after_failed()}"
+                    )
                 if on_phase is not None and phase and phase != last_phase:
                     on_phase(phase)
                 last_phase = phase
@@ -116,6 +118,16 @@ class LocalServer:
                 pass
             time.sleep(0.5)
         raise LocalServerError(f"eagle3 serve not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def _exit_after_failed(self, grace_s: float = 5.0) -> str:
+        """The rest of a failed load's message: a configuration error makes ``eagle3 serve`` exit 2 a moment
+        after /readyz says ``failed`` (server/serve.py), so wait ``grace_s`` for that exit to report it too."""
+        assert self.process is not None
+        try:
+            status = self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            return f":\n{self.log_tail()}"  # still up: a failure a restart may cure
+        return f" and exited with {status}:\n{self.log_tail()}"
 
     def peak_rss_bytes(self) -> int:
         return peak_rss_bytes(self.process.pid) if self.process is not None else 0

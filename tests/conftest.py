@@ -48,15 +48,56 @@ def worker_group(nodeid: str) -> str:
     return ENGINE_GROUP if "vllm" in nodeid else nodeid.split("::", 1)[0]
 
 
+# Seconds a work unit took in a full `make test` on the 2-core CI machine (pytest --durations=0, 2026-12-06,
+# summed per worker_group); the rest of the suite's groups take under 30 s each. Only the order depends on
+# it: a stale figure makes the run slower, never wrong.
+GROUP_SECONDS = {
+    ENGINE_GROUP: 945,
+    "tests/e2e/test_train_stream.py": 292,
+    "tests/integration/test_self_instruct.py": 170,
+    "tests/e2e/test_demo_eval_matrix.py": 153,
+    "tests/e2e/test_readme_pipeline.py": 124,
+    "tests/e2e/test_serving_concurrency.py": 74,
+    "tests/integration/test_distill_server.py": 68,
+    "tests/e2e/test_demo_sigterm.py": 64,
+    "tests/e2e/test_device_check.py": 57,
+    "tests/e2e/test_serve_exit_status.py": 51,
+    "tests/integration/test_prepare.py": 51,
+    "tests/integration/test_offline_online.py": 44,
+    "tests/integration/test_generate.py": 43,
+    "tests/e2e/test_feature_cache.py": 39,
+    "tests/e2e/test_lane_fairness.py": 38,
+    "tests/integration/test_train_resume.py": 37,
+    "tests/e2e/test_sdk_live.py": 36,
+    "tests/e2e/test_server_lifecycle.py": 36,
+    "tests/e2e/test_identity_by_content.py": 34,
+    "tests/e2e/test_chaos.py": 33,
+}
+
+
+def longest_first(groups: list[str]) -> list[str]:
+    """``groups`` in the order the scheduler hands them out: the longest first (``GROUP_SECONDS``; any other
+    counts 1 s and keeps its collection order), so the last units are short and both workers finish
+    together. xdist's own order (most tests first) left a 2-minute test alone at the end."""
+    return sorted(groups, key=lambda g: -GROUP_SECONDS.get(g, 1))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Schedule by ``worker_group`` (pytest-xdist's own ``loadgroup`` marks do not reach its scheduler
-    with pytest 9.2, which derives node ids from ``Node._id``)."""
+    with pytest 9.2, which derives node ids from ``Node._id``), longest group first."""
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class WorkerGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not getattr(self, "_ordered", False):  # the first hand-out: the queue is complete
+                queue: Any = getattr(self, "workqueue")  # noqa: B009 (an OrderedDict: group -> {node id: done})
+                self.workqueue = type(queue)((g, queue[g]) for g in longest_first(list(queue)))
+                self._ordered = True
+            super()._assign_work_unit(node)
 
     return WorkerGroupScheduling(config, log)
 

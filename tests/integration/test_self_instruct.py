@@ -3,7 +3,6 @@ fp32): filtered, deterministic, steered by openers, stored as prepared data that
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,25 +194,36 @@ def test_demo_self_instruct_adds_training_samples_only(tmp_path: Path, server: L
     assert [s.sample_id for s in iter_prepared(train_data)] == [s.sample_id for s in distilled + new]
 
 
-def test_cli_writes_steered_training_prompts(tmp_path: Path, server: LiveServer, smollm2_dir: Path) -> None:
+def test_cli_writes_steered_training_prompts(tmp_path: Path, server: LiveServer, smollm2_dir: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """``eagle3 self-instruct PREPARED --server URL --out DIR``: the prompt directory ``eagle3 distill``
-    reads; a missing server is a usage error; data of another tokenizer is refused before any request."""
+    reads; a missing server is a usage error; data of another tokenizer is refused before any request.
+    The first run is the command as a user types it; the others call the same entry point in-process."""
     import json
     import subprocess
     import sys
 
+    from eagle3.cli import main
     from eagle3.client.prepare import PrepareConfig, prepare_dataset
+    from eagle3.client.self_instruct import TASK_OPENERS
     from tests.conftest import write_jsonl
+
+    def run(*extra: str) -> tuple[int, str, str]:
+        status = main(["self-instruct", str(tmp_path / "prepared"), *extra])
+        out, err = capsys.readouterr()
+        return status, out, err
 
     turns = [f"{w} about the weather" for w in WORDS]
     rows = [{"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": "Ok"}]} for t in turns]
     chats = write_jsonl(tmp_path / "chats.jsonl", rows)
     prepare_dataset(str(chats), tmp_path / "prepared", model=str(smollm2_dir), config=PrepareConfig(overwrite=True))
-    cmd = [sys.executable, "-m", "eagle3", "self-instruct", str(tmp_path / "prepared")]
-    run = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "si"), "--prompts", "6",
-                          "--heldout-fraction", "0.2"], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    assert "prompts (steered by" in run.stdout and f"eagle3 distill {tmp_path / 'si'}" in run.stdout
+    # 16 sequences per request (the default 64 is for throughput): up to 4 requests of 16 for 6 prompts
+    si = ["--server", server.url, "--out", str(tmp_path / "si"), "--prompts", "6", "--heldout-fraction", "0.2",
+          "--prompts-per-request", "16"]  # fmt: skip
+    cmd = [sys.executable, "-m", "eagle3", "self-instruct", str(tmp_path / "prepared"), *si]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "prompts (steered by" in first.stdout and f"eagle3 distill {tmp_path / 'si'}" in first.stdout
     samples = list(iter_prepared(tmp_path / "si"))
     assert 1 <= len(samples) <= 6
     assert not any(is_heldout(s.sample_id + "-distill", 0.2) for s in samples)
@@ -223,33 +233,42 @@ def test_cli_writes_steered_training_prompts(tmp_path: Path, server: LiveServer,
 
     # the same command again reuses the prompts (no request: the server generates no token); another seed samples
     written, before = (tmp_path / "si" / "samples.jsonl").read_bytes(), tokens_generated(server.url)
-    again = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "si"), "--prompts", "6",
-                            "--heldout-fraction", "0.2"], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert again.returncode == 0 and "reused" in again.stdout, again.stdout + again.stderr
+    status, out, err = run(*si)
+    assert status == 0 and "reused" in out, out + err
     assert tokens_generated(server.url) == before and (tmp_path / "si" / "samples.jsonl").read_bytes() == written
-    reseeded = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "si"), "--prompts", "6",
-                               "--heldout-fraction", "0.2", "--seed", "1"], capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
-    assert reseeded.returncode == 0 and "reused" not in reseeded.stdout, reseeded.stdout + reseeded.stderr
+    status, out, err = run(*si, "--seed", "1")
+    assert status == 0 and "reused" not in out, out + err
     assert tokens_generated(server.url) > before
     (tmp_path / "si" / "self-instruct.json").write_text('{"prepared": ')  # torn: no reuse, and no crash either
-    torn = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "si"), "--prompts", "6",
-                           "--heldout-fraction", "0.2", "--seed", "1"], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert torn.returncode == 0 and "reused" not in torn.stdout, torn.stdout + torn.stderr
+    status, out, err = run(*si, "--seed", "1")
+    assert status == 0 and "reused" not in out, out + err
     assert json.loads((tmp_path / "si" / "self-instruct.json").read_text())["settings"]["seed"] == 1
 
-    missing = subprocess.run([*cmd, "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120,
-                             env={k: v for k, v in os.environ.items() if k != "EAGLE3_SERVER_URL"})  # fmt: skip
-    assert missing.returncode == 2 and "--server URL is required" in missing.stderr
-    bad_top_p = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "x"), "--top-p", "1.5"],
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert bad_top_p.returncode == 2 and "argument --top-p: expected a number in (0, 1], got 1.5" in bad_top_p.stderr
+    # a second set for the same data: general instruction openers, its own ids (concatenates with the first)
+    task = ["--server", server.url, "--out", str(tmp_path / "task"), "--prompts", "6", "--heldout-fraction", "0.2",
+            "--prompts-per-request", "16"]  # fmt: skip
+    status, out, err = run(*task, "--openers", "task", "--id-prefix", "task", "--max-tokens", "40")
+    assert status == 0 and f"steered by {len(TASK_OPENERS)} openers" in out, out + err
+    task_samples = list(iter_prepared(tmp_path / "task"))
+    assert task_samples and all(s.sample_id.startswith("task-") for s in task_samples)
+    assert all(s.source.startswith(TASK_OPENERS) for s in task_samples)
+    assert concat_prepared([tmp_path / "si", tmp_path / "task"], tmp_path / "both") == len(samples) + len(task_samples)
+    (tmp_path / "blank.txt").write_text("# no opener here\n")
+    status, _, err = run(*task, "--openers", str(tmp_path / "blank.txt"))
+    assert status == 2 and f"{tmp_path / 'blank.txt'}: no opener" in err, err
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("EAGLE3_SERVER_URL", raising=False)
+        status, _, err = run("--out", str(tmp_path / "x"))
+    assert status == 2 and "--server URL is required" in err
+    with pytest.raises(SystemExit) as usage:
+        run("--server", server.url, "--out", str(tmp_path / "x"), "--top-p", "1.5")
+    assert usage.value.code == 2
+    assert "argument --top-p: expected a number in (0, 1], got 1.5" in capsys.readouterr().err
     meta = json.loads((tmp_path / "prepared" / META_FILE).read_text())
     (tmp_path / "prepared" / META_FILE).write_text(json.dumps({**meta, "tokenizer_sha256": "0" * 64}))
-    other = subprocess.run([*cmd, "--server", server.url, "--out", str(tmp_path / "y")], capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
-    assert other.returncode == 1 and "prepared for another tokenizer" in other.stderr
+    status, _, err = run("--server", server.url, "--out", str(tmp_path / "y"))
+    assert status == 1 and "prepared for another tokenizer" in err
     assert not (tmp_path / "y").exists()
 
 

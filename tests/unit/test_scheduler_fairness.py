@@ -13,6 +13,7 @@ any window of K passes in which the bulk tenant is backlogged, its work is at le
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ class SimBackend:
         self.lock = threading.Lock()
         self.calls: list[dict[int, float]] = []
         self.bulk_arrived = 0  # calls made before the bulk tenant's first request
+        self.loop: asyncio.AbstractEventLoop | None = None  # the clients' loop, where the scheduler has its own thread
 
     def clock(self) -> float:
         with self.lock:
@@ -51,6 +53,9 @@ class SimBackend:
 
     def _spend(self, seconds: float, by_tag: dict[int, float]) -> None:
         time.sleep(0.005)  # a real pause: clients take their results and send the next request meanwhile
+        if self.loop is not None:  # and on a loaded machine, wait until they have: a client is never late
+            with contextlib.suppress(RuntimeError, TimeoutError):  # the loop has ended: no client left to wait for
+                asyncio.run_coroutine_threadsafe(settle(), self.loop).result(timeout=5)
         with self.lock:
             self.now += seconds
             self.calls.append(by_tag)
@@ -68,6 +73,13 @@ class SimBackend:
         steps = work.sampling.max_new_tokens
         self._spend(OVERHEAD_S + steps * GEN_TOKEN_S, {work.prompts[0][0] // 1000: OVERHEAD_S + steps * GEN_TOKEN_S})
         return [Generation([5] * steps, "length") for _ in work.prompts]
+
+
+async def settle(turns: int = 20) -> None:
+    """Let the clients' loop run what is ready: results delivered by the last pass wake their readers, which
+    close the request and send the next (a few loop turns each)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
 
 
 def extract_units(tag: int, k: int, lengths: Sequence[int]) -> list[Unit]:
@@ -110,6 +122,7 @@ def run_mix(chat_loops: int, gen_loops: int, bulk_requests: int = 24) -> tuple[S
     sched.start()
 
     async def main() -> None:
+        sim.loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         others = [
             asyncio.create_task(closed_loop(sched, "chat", lambda k: extract_units(CHAT, k, [8]), stop, 0.0025 * i))
@@ -133,6 +146,7 @@ def run_mix(chat_loops: int, gen_loops: int, bulk_requests: int = 24) -> tuple[S
         await asyncio.wait_for(asyncio.gather(bulk_loop(), bulk_loop()), timeout=60)
         stop.set()
         await asyncio.wait_for(asyncio.gather(*others), timeout=30)
+        sim.loop = None
 
     try:
         asyncio.run(main())
