@@ -50,6 +50,7 @@ EXIT_STOPPED = 128 + signal.SIGTERM  # the status a shell gives a process ended 
 DEMO_SERVER_DTYPE = "float32"
 DISTILL_NEW_TOKENS = 48  # per reply, unless --reply-tokens
 DISTILL_PROMPTS_PER_REQUEST = 64  # one generate request: the verifier decodes 64 prompts as one batch
+EVAL_NEW_TOKENS = 48  # per eval prompt: the figures in docs/ were measured at it
 SELF_INSTRUCT_MAX_TOKENS = 24  # a self-instruct user turn: chatterbot's are ~8 tokens, unsteered ones ~24
 # Dense TTT attention: the same math as blockwise (equal within 1e-5, tests/unit/test_ttt_attention.py) and
 # faster at 512-token micro-batches, whose [heads, 512, 512] scores are small (docs/training.md, "Speed on
@@ -140,6 +141,13 @@ def add_demo_command(sub: Any) -> None:
         type=positive_int,
         default=40,
         help="held-out-split prompts in eval (default 40: all of them at 640 samples)",
+    )
+    p.add_argument(
+        "--eval-new-tokens",
+        type=positive_int,
+        default=EVAL_NEW_TOKENS,
+        metavar="N",
+        help=f"new tokens per prompt in eval and in the matrix (default {EVAL_NEW_TOKENS})",
     )
     p.add_argument(
         "--eval-matrix",
@@ -307,6 +315,7 @@ def run_demo(args: argparse.Namespace) -> int:
         model=args.model,
         k=args.k,
         n_prompts=args.eval_prompts,
+        max_new_tokens=args.eval_new_tokens,
         threads=2,
         heldout_fraction=fraction,
     )
@@ -345,7 +354,15 @@ def print_eval_matrix(
     identical = True
     for name, prompts in sets:
         # one verifier load and one greedy baseline per prompt for every k
-        results = evaluate_ks(export_dir, ks, prepared=None, model=args.model, threads=2, prompts=prompts)
+        results = evaluate_ks(
+            export_dir,
+            ks,
+            prepared=None,
+            model=args.model,
+            threads=2,
+            prompts=prompts,
+            max_new_tokens=args.eval_new_tokens,
+        )
         for result in results:
             identical &= result.identical
             accepted = " ".join(f"{100 * a:.0f}%" for a in result.accepted_per_position)

@@ -3,7 +3,8 @@
 the suite's other worker), printed per cell and as the matrix (issue 32: the field's benchmark beside the
 demo's own split). The matrix's cells are the per-cell runs' figures, every output equals the verifier's
 greedy output, and the demo's status says so. ``--reply-tokens`` caps every distilled reply (the longer-replies
-lever of docs/training.md; here shorter, which also keeps the test quick)."""
+lever of docs/training.md; here shorter, which also keeps the test quick), and ``--eval-new-tokens`` the
+tokens each eval prompt generates."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_demo_prints_the_mt_bench_and_heldout_matrix(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "eagle3", "demo", "--out", str(out), "--samples", "24", "--epochs", "1",
-           "--eval-prompts", "1", "--eval-matrix", "2", "--mt-bench-prompts", "1", "--reply-tokens", "12"]  # fmt: skip
+           "--eval-prompts", "1", "--eval-matrix", "2", "--mt-bench-prompts", "1", "--reply-tokens", "12",
+           "--eval-new-tokens", "16"]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="2")
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     text = done.stdout + done.stderr
