@@ -241,6 +241,18 @@ def evaluate_vllm_ks(
     prompts: Sequence[Prompt],
     ks: Sequence[int] = (4,),
     max_new_tokens: int = 64,
+    **options: Any,
+) -> list[VllmSpecReport]:
+    """``evaluate_vllm_drafts`` of one export: one report per ``k`` in ``ks``."""
+    return evaluate_vllm_drafts([export_dir], model_dir, prompts, ks, max_new_tokens, **options)[0]
+
+
+def evaluate_vllm_drafts(
+    export_dirs: Sequence[str | Path],
+    model_dir: str | Path,
+    prompts: Sequence[Prompt],
+    ks: Sequence[int] = (4,),
+    max_new_tokens: int = 64,
     *,
     dtype: str = "bfloat16",
     max_model_len: int = 2048,
@@ -253,17 +265,21 @@ def evaluate_vllm_ks(
     tensor_parallel_size: int = 1,
     engine_args: dict[str, Any] | None = None,
     engine_settings: EngineSettings | None = None,
-) -> list[VllmSpecReport]:
-    """Greedy vLLM without and with the eagle3 draft at ``export_dir`` on the same prompts, one report per
-    ``k`` in ``ks`` (the baseline engine runs once; each k is its own engine, as k is fixed per engine); see
-    the module docstring for what a report guarantees. ``kv_cache_gib=None`` lets vLLM size the cache
-    (CUDA: ``gpu_memory_utilization``). ``tensor_parallel_size`` and ``engine_args`` (any other
-    ``EngineArgs`` field: quantization, expert parallel, trust_remote_code, ...) apply to both engines, with
+) -> list[list[VllmSpecReport]]:
+    """Greedy vLLM without and with each eagle3 draft of ``export_dirs`` on the same prompts: for each
+    export, one report per ``k`` in ``ks`` (the baseline engine runs once for all of them, so two drafts
+    are compared on the very same baseline; each export and k is its own engine, as k is fixed per
+    engine); see the module docstring for what a report guarantees. ``kv_cache_gib=None`` lets vLLM size
+    the cache (CUDA: ``gpu_memory_utilization``). ``tensor_parallel_size`` and ``engine_args`` (any other
+    ``EngineArgs`` field: quantization, expert parallel, trust_remote_code, ...) apply to every engine, with
     what ``engine_settings`` adds for the target family (module docstring).
     Raises ``VllmOutputMismatchError`` when the outputs differ
     (with ``require_identical``), ``VllmEvalError`` for anything else that stops the run."""
-    export_path, model_path = Path(export_dir), Path(model_dir)
-    check_export_dir(export_path)
+    export_paths, model_path = [Path(e) for e in export_dirs], Path(model_dir)
+    if not export_paths:
+        raise VllmEvalError("no export to evaluate")
+    for export_path in export_paths:
+        check_export_dir(export_path)
     if not ks or min(ks) < 1:
         raise VllmEvalError(f"k (num_speculative_tokens) must be >= 1, got {list(ks)}")
     if max_new_tokens < 1:
@@ -289,17 +305,19 @@ def evaluate_vllm_ks(
         timeout_s,
         logprobs=TOP_LOGPROBS,
     )
-    reports = []
-    for k in ks:
-        spec = run_engine(
-            _engine_request(model_path, export_path, k, *common),
-            prompt_ids,
-            max_new_tokens,
-            ignore_eos,
-            logs / f"vllm_eagle3_k{k}.log",
-            timeout_s,
-        )
-        reports.append(_compare(export_path, model_path, k, dtype, prompt_ids, base, spec, require_identical))
+    reports: list[list[VllmSpecReport]] = []
+    for i, export_path in enumerate(export_paths):
+        reports.append([])
+        for k in ks:
+            spec = run_engine(
+                _engine_request(model_path, export_path, k, *common),
+                prompt_ids,
+                max_new_tokens,
+                ignore_eos,
+                logs / (f"vllm_eagle3_k{k}.log" if i == 0 else f"vllm_eagle3_{i}_k{k}.log"),
+                timeout_s,
+            )
+            reports[-1].append(_compare(export_path, model_path, k, dtype, prompt_ids, base, spec, require_identical))
     return reports
 
 

@@ -145,22 +145,25 @@ def eagle3_engine_acceptance(model_dir: Path, export_dir: Path, prompts: list[li
     return n_drafts, per_pos
 
 
-@pytest.mark.parametrize("norms", [False, True], ids=["eagle3", "eagle3.1-norms"])
-def test_vllm_greedy_with_eagle3_draft_equals_without(smollm2_dir: Path, tmp_path: Path, norms: bool) -> None:
+def test_vllm_greedy_with_eagle3_drafts_equals_without(smollm2_dir: Path, tmp_path: Path) -> None:
+    """Both drafts (plain, and with the Eagle-3.1 norms) against one greedy baseline (``evaluate_vllm_drafts``)."""
     require_vllm()
     from transformers import AutoTokenizer
 
-    from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm, render_prompts
+    from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm_drafts
 
-    export_dir = export_with_trainer(verifier_head_draft(smollm2_dir, norms), tmp_path / "run", tmp_path / "export")
+    exports = [
+        export_with_trainer(verifier_head_draft(smollm2_dir, norms), tmp_path / f"run{i}", tmp_path / f"export{i}")
+        for i, norms in enumerate((False, True))
+    ]
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir))
     loops: list[Any] = [[tokenizer(t, add_special_tokens=False)["input_ids"][0]] * 20 for t in LOOP_TOKENS]
     prompts: list[Any] = [[{"role": "user", "content": q}] for q in QUESTIONS] + loops
-    report = evaluate_vllm(
-        export_dir,
+    reports = evaluate_vllm_drafts(
+        exports,
         smollm2_dir,
         prompts,
-        k=K,
+        ks=(K,),
         max_new_tokens=MAX_NEW_TOKENS,
         ignore_eos=True,
         log_dir=tmp_path / "logs",
@@ -170,12 +173,21 @@ def test_vllm_greedy_with_eagle3_draft_equals_without(smollm2_dir: Path, tmp_pat
         # without the draft, 2 with it" once in bf16. That is rounding, not the draft; fp32 leaves no such ties.
         dtype="float32",
     )  # fmt: skip  (pass-through: both engines accept it)
-    print(report.format_text())
+    assert len(reports) == 2 and all(len(r) == 1 for r in reports)
+    for (report,), export_dir, norms in zip(reports, exports, (False, True), strict=True):
+        print(report.format_text())
+        check_report(report, smollm2_dir, export_dir, prompts, norms, tokenizer)
+
+
+def check_report(
+    report: Any, model_dir: Path, export_dir: Path, prompts: list[Any], norms: bool, tokenizer: Any
+) -> None:
+    from eagle3.draft_trainer.evaluate_vllm import render_prompts
 
     assert report.outputs_identical and report.first_mismatch is None
     assert report.n_prompts == len(prompts)
     assert report.n_generated_tokens == len(prompts) * MAX_NEW_TOKENS
-    assert report.n_prompt_tokens == sum(len(p) for p in render_prompts(smollm2_dir, prompts))
+    assert report.n_prompt_tokens == sum(len(p) for p in render_prompts(model_dir, prompts))
     # counters: one draft per verifier step, k tokens each; accepted in [0, drafts*k]
     assert report.n_drafts > 0
     assert report.n_draft_tokens == report.n_drafts * K
@@ -188,7 +200,7 @@ def test_vllm_greedy_with_eagle3_draft_equals_without(smollm2_dir: Path, tmp_pat
     # carries the final norm's weights into later steps: no longer the repeat-the-last-token function)
     generated = [list(t) for t in report.generated_token_ids]
     if norms:
-        n_drafts, per_pos = eagle3_engine_acceptance(smollm2_dir, export_dir, render_prompts(smollm2_dir, prompts))
+        n_drafts, per_pos = eagle3_engine_acceptance(model_dir, export_dir, render_prompts(model_dir, prompts))
     else:
         n_drafts, per_pos = expected_acceptance(generated, set(draft_vocab_ids(len(tokenizer)).tolist()), K)
     print("expected drafts", n_drafts, "accepted per position", per_pos)
