@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 # the dedupe key and the one-user-turn render are the benchmark prompt sets' (core/prompt_sets.py)
 from eagle3.core.atomic_write import write_text_atomic
+from eagle3.core.errors import Eagle3Error
 from eagle3.core.prompt_sets import normalize, overlapping_prompts
 from eagle3.core.prompt_sets import render_user_prompt as render_prompt
 from eagle3.core.protocol.prepared import (
@@ -142,7 +143,7 @@ def trains_as(id_suffix: str, heldout_fraction: float) -> Callable[[str], bool]:
     return lambda sample_id: not is_heldout(sample_id + id_suffix, heldout_fraction)
 
 
-class OpenersError(ValueError):
+class OpenersError(Eagle3Error, ValueError):
     """An openers file that cannot steer: unreadable, or no opener in it."""
 
 
