@@ -6,7 +6,8 @@ verifier's own greedy replies to the first ``--samples`` prompts through ``POST 
 ``eagle3.client.distill``: a draft learns what the verifier will say, not what the corpus said; with
 ``--sampled-replies N`` also N replies sampled at T 0.8 per prompt, more of the verifier's text;
 with ``--self-instruct N`` also N new user prompts written by the verifier, steered by the first words
-of the training-split prompts, and its greedy replies to them: ``add_self_instruct``) and, after vocab,
+of the training-split prompts, and its greedy replies to them: ``add_self_instruct``; ``--task-prompts N``
+the same after general instruction openers) and, after vocab,
 ``extract_dataset`` through HTTP to a features directory (the path every user takes:
 nothing here loads the verifier in-process for distillation or features, so the pipeline loads it
 once); train; export (vLLM's flat EAGLE-3 format); eval: real speculative decoding with the
@@ -31,7 +32,7 @@ from eagle3.client.distill import DistillConfig, distill_dataset
 from eagle3.client.extract import ExtractConfig, extract_dataset
 from eagle3.client.prepare import PrepareConfig, prepare_dataset
 from eagle3.client.sdk import ExtractionClient
-from eagle3.client.self_instruct import SelfInstructConfig, self_instruct
+from eagle3.client.self_instruct import TASK_OPENERS, SelfInstructConfig, self_instruct
 from eagle3.core.cli_args import add_model_argument, non_negative_int, positive_int, positive_int_list
 from eagle3.core.conversations import BUILTIN_CHATTERBOT
 from eagle3.core.models import DEFAULT_MODEL, resolve_model_dir
@@ -51,6 +52,7 @@ DEMO_SERVER_DTYPE = "float32"
 DISTILL_NEW_TOKENS = 48  # per reply, unless --reply-tokens
 DISTILL_PROMPTS_PER_REQUEST = 64  # one generate request: the verifier decodes 64 prompts as one batch
 EVAL_NEW_TOKENS = 48  # per eval prompt: the figures in docs/ were measured at it
+TASK_PROMPT_MAX_TOKENS = 48  # a task-steered user turn ("Explain why ...": 21 tokens on average, measured)
 SELF_INSTRUCT_MAX_TOKENS = 24  # a self-instruct user turn: chatterbot's are ~8 tokens, unsteered ones ~24
 # Dense TTT attention: the same math as blockwise (equal within 1e-5, tests/unit/test_ttt_attention.py) and
 # faster at 512-token micro-batches, whose [heads, 512, 512] scores are small (docs/training.md, "Speed on
@@ -120,6 +122,15 @@ def add_demo_command(sub: Any) -> None:
         "prompts; none equal to a dataset prompt, none held out) and its greedy replies (default 0)",
     )
     p.add_argument(
+        "--task-prompts",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="also N user prompts written by the verifier after general instruction openers (Write, Explain, "
+        "Compare, ...: eagle3 self-instruct --openers task) and its greedy replies: broader than the dataset's "
+        "(docs/training.md, 'Broader prompts'; default 0)",
+    )
+    p.add_argument(
         "--reply-tokens",
         type=positive_int,
         default=DISTILL_NEW_TOKENS,
@@ -175,33 +186,49 @@ def add_demo_command(sub: Any) -> None:
 
 
 def add_self_instruct(
-    out: Path, distilled: Path, server_url: str, n_prompts: int, reply_tokens: int = DISTILL_NEW_TOKENS
+    out: Path,
+    distilled: Path,
+    server_url: str,
+    n_prompts: int,
+    reply_tokens: int = DISTILL_NEW_TOKENS,
+    n_task_prompts: int = 0,
 ) -> Path:
-    """``n_prompts`` self-instruct prompts and the verifier's greedy replies, with ``distilled`` in
-    ``out/train-data``. The prompts come from ``client.self_instruct.self_instruct`` (what ``eagle3
-    self-instruct`` runs): steered by the training-split prompts, none equal to an eval prompt, none held
-    out, so every new sample trains and the held-out split (offline and online eval) stays the dataset's own."""
-    started = time.monotonic()
-    # requests of 64 sequences for throughput; a few prompts take smaller ones (16 sampled for 12 wanted, not 64)
-    per_request = min(SelfInstructConfig.prompts_per_request, max(16, n_prompts))
-    config = SelfInstructConfig(
-        n_prompts=n_prompts, prompts_per_request=per_request, max_tokens=SELF_INSTRUCT_MAX_TOKENS
-    )
-    si_prompts, si_distilled = out / "self-instruct", out / "self-instruct-distilled"
-    with ExtractionClient(server_url) as client:
-        result = self_instruct(client, distilled, si_prompts, config, DEMO_HELDOUT_FRACTION)
-    how = "reused from a previous run" if result.reused else f"in {time.monotonic() - started:.0f} s"
-    print(
-        f"  self-instruct: {len(result.texts)} prompts written by the verifier ({result.n_openers} openers) {how} "
-        f"-> {si_prompts}"
-    )
-    greedy = DistillConfig(
-        max_samples=n_prompts, max_new_tokens=reply_tokens, prompts_per_request=DISTILL_PROMPTS_PER_REQUEST
-    )
-    print(distill_dataset(si_prompts, si_distilled, server_url, config=greedy).format_text())
+    """``n_prompts`` self-instruct prompts steered by the training-split prompts' first words, and
+    ``n_task_prompts`` steered by general instruction openers (``--openers task``), with the verifier's greedy
+    replies, beside ``distilled`` in ``out/train-data``. The prompts come from
+    ``client.self_instruct.self_instruct`` (what ``eagle3 self-instruct`` runs): none equal to a dataset
+    prompt or overlapping MT-Bench, none held out, so every new sample trains and the held-out split (offline
+    and online eval) stays the dataset's own."""
+    sets = [
+        (n_prompts, "self-instruct", None, "si", SELF_INSTRUCT_MAX_TOKENS),
+        (n_task_prompts, "task-prompts", list(TASK_OPENERS), "task", TASK_PROMPT_MAX_TOKENS),
+    ]
+    parts: list[str | Path] = [distilled]
+    for n, name, openers, id_prefix, max_tokens in sets:
+        if n < 1:
+            continue
+        started = time.monotonic()
+        # requests of 64 sequences for throughput; a few prompts take smaller ones (16 sampled for 12 wanted)
+        per_request = min(SelfInstructConfig.prompts_per_request, max(16, n))
+        config = SelfInstructConfig(n_prompts=n, prompts_per_request=per_request, max_tokens=max_tokens)
+        prompts_dir, distilled_dir = out / name, out / f"{name}-distilled"
+        with ExtractionClient(server_url) as client:
+            result = self_instruct(
+                client, distilled, prompts_dir, config, DEMO_HELDOUT_FRACTION, openers=openers, id_prefix=id_prefix
+            )
+        how = "reused from a previous run" if result.reused else f"in {time.monotonic() - started:.0f} s"
+        print(
+            f"  {name}: {len(result.texts)} prompts written by the verifier ({result.n_openers} openers) {how} "
+            f"-> {prompts_dir}"
+        )
+        greedy = DistillConfig(
+            max_samples=n, max_new_tokens=reply_tokens, prompts_per_request=DISTILL_PROMPTS_PER_REQUEST
+        )
+        print(distill_dataset(prompts_dir, distilled_dir, server_url, config=greedy).format_text())
+        parts.append(distilled_dir)
     train_data = out / "train-data"
-    n_samples = concat_prepared([distilled, si_distilled], train_data)
-    print(f"  {n_samples} samples to train on: {distilled} + {si_distilled} -> {train_data}")
+    n_samples = concat_prepared(parts, train_data)
+    print(f"  {n_samples} samples to train on: {' + '.join(map(str, parts))} -> {train_data}")
     return train_data
 
 
@@ -262,8 +289,10 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         print(distill_dataset(prepared, distilled, server.url, config=distill).format_text())
         train_data = distilled
-        if args.self_instruct:
-            train_data = add_self_instruct(out, distilled, server.url, args.self_instruct, args.reply_tokens)
+        if args.self_instruct or args.task_prompts:
+            train_data = add_self_instruct(
+                out, distilled, server.url, args.self_instruct, args.reply_tokens, args.task_prompts
+            )
         step(4, f"vocab -> {vocab_dir}")
         print(format_vocab_stats(make_vocab(train_data, vocab_dir, args.draft_vocab_size)))
         run_dir = out / "run"

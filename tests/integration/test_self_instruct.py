@@ -166,6 +166,7 @@ def test_demo_self_instruct_adds_training_samples_only(tmp_path: Path, server: L
     """``eagle3 demo --self-instruct``: openers come from training-split prompts only, no new prompt equals a
     dataset prompt, no new sample lands in the held-out split, and the training data is both sets."""
     from eagle3.client.prepare import PrepareConfig, prepare_dataset
+    from eagle3.client.self_instruct import TASK_OPENERS
     from eagle3.demo import DEMO_HELDOUT_FRACTION, add_self_instruct
     from tests.conftest import write_jsonl
 
@@ -183,15 +184,19 @@ def test_demo_self_instruct_adds_training_samples_only(tmp_path: Path, server: L
     openers, dataset_turns = openers_and_turns(smollm2_tokenizer, tmp_path / "distilled", DEMO_HELDOUT_FRACTION)
     assert openers == [w for w in WORDS if w not in held_words] and dataset_turns == turns
 
-    train_data = add_self_instruct(tmp_path, tmp_path / "distilled", server.url, n_prompts=12)
+    train_data = add_self_instruct(tmp_path, tmp_path / "distilled", server.url, n_prompts=12, n_task_prompts=4)
     new = list(iter_prepared(tmp_path / "self-instruct-distilled"))
+    task = list(iter_prepared(tmp_path / "task-prompts-distilled"))  # --task-prompts: a second set, its own ids
+    assert 1 <= len(task) <= 4 and all(s.sample_id.startswith("task-") for s in task)
+    assert all(s.source.startswith(TASK_OPENERS) for s in iter_prepared(tmp_path / "task-prompts"))
+    assert not any(is_heldout(s.sample_id, DEMO_HELDOUT_FRACTION) for s in task)
     assert 6 <= len(new) <= 12
     assert not any(is_heldout(s.sample_id, DEMO_HELDOUT_FRACTION) for s in new)
     texts = [s.source for s in iter_prepared(tmp_path / "self-instruct")]
     assert all(t.startswith(tuple(train_words)) for t in texts)  # steered by training prompts only
     assert not any(re.match(rf"{h}\b", t) for h in held_words for t in texts)
     assert not {normalize(t) for t in texts} & {normalize(t) for t in turns}
-    assert [s.sample_id for s in iter_prepared(train_data)] == [s.sample_id for s in distilled + new]
+    assert [s.sample_id for s in iter_prepared(train_data)] == [s.sample_id for s in distilled + new + task]
 
 
 def test_cli_writes_steered_training_prompts(tmp_path: Path, server: LiveServer, smollm2_dir: Path,
