@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 # the dedupe key and the one-user-turn render are the benchmark prompt sets' (core/prompt_sets.py)
 from eagle3.core.atomic_write import write_text_atomic
 from eagle3.core.errors import Eagle3Error
-from eagle3.core.prompt_sets import normalize, overlapping_prompts
+from eagle3.core.prompt_sets import mt_bench_first_turns, normalize, overlapping_prompts
 from eagle3.core.prompt_sets import render_user_prompt as render_prompt
 from eagle3.core.protocol.prepared import (
     SAMPLES_FILE,
@@ -181,6 +181,7 @@ def sample_prompts(
     prefix = list(tokenizer(user_prefix_text(tokenizer), add_special_tokens=False)["input_ids"])
     opener_ids = [list(tokenizer(o, add_special_tokens=False)["input_ids"]) for o in openers if o.strip()]
     seen = {normalize(t) for t in exclude}
+    bench = mt_bench_first_turns()  # read once: every candidate is checked against it
     kept: list[str] = []
     max_requests = cfg.max_requests or 4 * cfg.n_prompts // cfg.prompts_per_request + 1
     for request_no in range(max_requests):
@@ -204,7 +205,7 @@ def sample_prompts(
             if not key or key in seen or not is_acceptable(content, text, cfg.min_tokens, cfg.max_tokens):
                 continue
             seen.add(key)
-            if not overlapping_prompts([text]):
+            if not overlapping_prompts([text], bench):
                 kept.append(text)
         if len(kept) >= cfg.n_prompts:
             break
