@@ -143,6 +143,28 @@ def trains_as(id_suffix: str, heldout_fraction: float) -> Callable[[str], bool]:
     return lambda sample_id: not is_heldout(sample_id + id_suffix, heldout_fraction)
 
 
+class ChatTemplateError(Eagle3Error, ValueError):
+    """The verifier's chat template is not ChatML: self-instruct writes and parses ChatML user turns."""
+
+
+def check_chatml(tokenizer: Any, model: str) -> None:
+    """Refuse, before any request, a verifier whose chat template is not ChatML (``<|im_start|>user`` ...
+    ``<|im_end|>``, SmolLM2's and Qwen's): the user-turn prefix, the stop token and the turn parser here
+    are ChatML's, and another template (DeepSeek-V3's, Llama-3's) would give wrong prompts, not an error."""
+    end_id = tokenizer.convert_tokens_to_ids(IM_END)
+    prefix = user_prefix_text(tokenizer)
+    if (
+        end_id is None
+        or end_id == getattr(tokenizer, "unk_token_id", None)
+        or not prefix.endswith("<|im_start|>user\n")
+    ):
+        raise ChatTemplateError(
+            f"{model}: self-instruct needs a ChatML chat template (<|im_start|>user ... <|im_end|>); this one "
+            f"starts a user turn with {prefix[-40:]!r}. Write the prompts another way and give them to "
+            "`eagle3 prepare`, then `eagle3 distill`"
+        )
+
+
 class OpenersError(Eagle3Error, ValueError):
     """An openers file that cannot steer: unreadable, or no opener in it."""
 
@@ -318,6 +340,7 @@ def self_instruct(
     info = client.info()
     check_can_generate_for(info, meta, Path(prepared_dir))
     tokenizer = load_tokenizer(Path(meta.model_dir))
+    check_chatml(tokenizer, meta.model)
     dataset_openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction)
     steering = (dataset_openers if openers is None else list(openers)) if steer else []
     out = Path(out_dir)

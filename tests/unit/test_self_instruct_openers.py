@@ -13,8 +13,10 @@ import pytest
 from eagle3.client.self_instruct import (
     IM_END,
     TASK_OPENERS,
+    ChatTemplateError,
     OpenersError,
     SelfInstructConfig,
+    check_chatml,
     load_openers,
     sample_prompts,
     write_prompt_dir,
@@ -100,3 +102,22 @@ def test_a_second_prompt_set_takes_its_own_id_prefix(tmp_path: Path, smollm2_tok
         ("task-00002", texts[1]),  # the id id_ok rejects is skipped
         ("task-00003", texts[2]),
     ]
+
+
+class Llama3StyleTokenizer:
+    """A non-ChatML template (Llama-3's header tokens; DeepSeek-V3's differs again): no ``<|im_end|>``."""
+
+    unk_token_id = None
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False) -> str:
+        body = "".join(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>" for m in messages)
+        return "<|begin_of_text|>" + body
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        return None
+
+
+def test_a_template_other_than_chatml_is_refused_before_any_request(smollm2_tokenizer: Any) -> None:
+    check_chatml(smollm2_tokenizer, "SmolLM2-135M-Instruct")  # ChatML: accepted
+    with pytest.raises(ChatTemplateError, match=r"deepseek-v3-toy: self-instruct needs a ChatML chat template"):
+        check_chatml(Llama3StyleTokenizer(), "deepseek-v3-toy")
