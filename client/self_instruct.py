@@ -5,10 +5,12 @@ opening words, stored as a prepared directory for ``eagle3 distill``.
                            openers=first_words_of_training_prompts)
     write_prompt_dir(texts, "si-prompts", tokenizer, read_meta("prepared"))
 
-The verifier gets the chat template's user-turn prefix (the default system turn, then
-``<|im_start|>user\\n``) and writes the user's turn, sampled (temperature, top-p, seeded per request)
-through ``POST /v1/generate`` until ``<|im_end|>``: the verifier is loaded once, by the server, as for
-distill and extract. Kept prompts are complete (the turn ended within ``max_tokens``),
+The verifier gets the chat template's user-turn prefix (SmolLM2's default system turn, then
+``<|im_start|>user\\n``; DeepSeek-V3's ``<｜begin▁of▁sentence｜><｜User｜>``) and writes the user's turn,
+sampled (temperature, top-p, seeded per request) through ``POST /v1/generate`` until the token that ends a
+user turn (``<|im_end|>``, ``<｜Assistant｜>``): the markers are read from the template itself
+(``client/chat_turns.py``), so any template works or is refused before a request. The verifier is loaded
+once, by the server, as for distill and extract. Kept prompts are complete (the turn ended within ``max_tokens``),
 ``min_tokens..max_tokens`` content tokens long, not degenerate (at least half their tokens distinct,
 some letters) and distinct after normalisation (case, punctuation, whitespace) from each other and from
 ``exclude`` (e.g. every evaluation prompt).
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # the dedupe key and the one-user-turn render are the benchmark prompt sets' (core/prompt_sets.py)
+from eagle3.client.chat_turns import UserTurnMarkers, user_turn_markers
 from eagle3.core.atomic_write import write_text_atomic
 from eagle3.core.errors import Eagle3Error
 from eagle3.core.prompt_sets import mt_bench_first_turns, normalize, overlapping_prompts
@@ -64,7 +67,6 @@ from eagle3.core.protocol.prepared import (
 if TYPE_CHECKING:
     from eagle3.client.sdk import ExtractionClient
 
-IM_END = "<|im_end|>"
 STATE_FILE = "self-instruct.json"  # beside finished prompts: what made them (run_state); a rerun reuses them
 SEED_STRIDE = 100_003  # request r of seed s samples with seed s * SEED_STRIDE + r
 DATASET_OPENERS = "dataset"  # ``load_openers``: the first words of the dataset's training prompts
@@ -107,18 +109,11 @@ def is_acceptable(content_ids: list[int], text: str, min_tokens: int, max_tokens
     return 2 * len(set(content_ids)) >= n_tokens and re.search(r"[A-Za-z]{2}", text) is not None
 
 
-def user_prefix_text(tokenizer: Any) -> str:
-    """The template's rendering up to the start of the first user message's content."""
-    marker = "\x00USER\x00"
-    text = str(tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False))
-    return text[: text.index(marker)]
-
-
-def user_turns(tokenizer: Any, prompt_ids: Sequence[int]) -> list[str]:
-    """The user turns of a rendered ChatML prompt, in order (the texts ``sample_prompts`` excludes or
-    takes openers from)."""
-    text = str(tokenizer.decode(list(prompt_ids)))
-    return [t.strip() for t in re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", text, re.S)]
+def user_turns(tokenizer: Any, prompt_ids: Sequence[int], markers: UserTurnMarkers | None = None) -> list[str]:
+    """The user turns of a rendered prompt, in order (the texts ``sample_prompts`` excludes or takes
+    openers from); ``markers`` are the tokenizer's template's (``user_turn_markers``)."""
+    markers = markers or user_turn_markers(tokenizer, "the verifier")
+    return markers.user_turns(str(tokenizer.decode(list(prompt_ids))))
 
 
 def openers_and_turns(tokenizer: Any, prepared_dir: str | Path, heldout_fraction: float) -> tuple[list[str], list[str]]:
@@ -127,10 +122,11 @@ def openers_and_turns(tokenizer: Any, prepared_dir: str | Path, heldout_fraction
     ``sample_prompts`` must exclude so no new prompt equals an eval prompt). Extra replies are skipped."""
     openers: list[str] = []
     dataset_turns: list[str] = []
+    markers = user_turn_markers(tokenizer, "the verifier")
     for sample in iter_prepared(prepared_dir):
         if variant_of(sample.sample_id)[1]:
             continue  # a sampled reply repeats its prompt
-        turns = user_turns(tokenizer, sample.input_ids[: sample.loss_mask.index(1)])
+        turns = user_turns(tokenizer, sample.input_ids[: sample.loss_mask.index(1)], markers)
         dataset_turns += turns
         if turns and turns[-1].split() and not is_heldout(sample.sample_id, heldout_fraction):
             openers.append(turns[-1].split()[0])
@@ -141,28 +137,6 @@ def trains_as(id_suffix: str, heldout_fraction: float) -> Callable[[str], bool]:
     """``write_prompt_dir``'s ``id_ok`` keeping only ids whose answers (``<id><id_suffix>``, e.g.
     ``-distill``) the held-out split of ``heldout_fraction`` trains on."""
     return lambda sample_id: not is_heldout(sample_id + id_suffix, heldout_fraction)
-
-
-class ChatTemplateError(Eagle3Error, ValueError):
-    """The verifier's chat template is not ChatML: self-instruct writes and parses ChatML user turns."""
-
-
-def check_chatml(tokenizer: Any, model: str) -> None:
-    """Refuse, before any request, a verifier whose chat template is not ChatML (``<|im_start|>user`` ...
-    ``<|im_end|>``, SmolLM2's and Qwen's): the user-turn prefix, the stop token and the turn parser here
-    are ChatML's, and another template (DeepSeek-V3's, Llama-3's) would give wrong prompts, not an error."""
-    end_id = tokenizer.convert_tokens_to_ids(IM_END)
-    prefix = user_prefix_text(tokenizer)
-    if (
-        end_id is None
-        or end_id == getattr(tokenizer, "unk_token_id", None)
-        or not prefix.endswith("<|im_start|>user\n")
-    ):
-        raise ChatTemplateError(
-            f"{model}: self-instruct needs a ChatML chat template (<|im_start|>user ... <|im_end|>); this one "
-            f"starts a user turn with {prefix[-40:]!r}. Write the prompts another way and give them to "
-            "`eagle3 prepare`, then `eagle3 distill`"
-        )
 
 
 class OpenersError(Eagle3Error, ValueError):
@@ -199,8 +173,9 @@ def sample_prompts(
     equals an ``exclude`` text or overlaps an MT-Bench question (``overlapping_prompts``).
     ``tokenizer`` is the verifier's (the server's ``tokenizer_sha256``)."""
     cfg = config
-    end_id = int(tokenizer.convert_tokens_to_ids(IM_END))
-    prefix = list(tokenizer(user_prefix_text(tokenizer), add_special_tokens=False)["input_ids"])
+    markers = user_turn_markers(tokenizer, "the verifier")
+    end_id = markers.end_id
+    prefix = list(tokenizer(markers.prefix, add_special_tokens=False)["input_ids"])
     opener_ids = [list(tokenizer(o, add_special_tokens=False)["input_ids"]) for o in openers if o.strip()]
     seen = {normalize(t) for t in exclude}
     bench = mt_bench_first_turns()  # read once: every candidate is checked against it
@@ -258,10 +233,11 @@ def write_prompt_dir(
     id_ok: Callable[[str], bool] = lambda _: True,
     id_prefix: str = "si",
 ) -> Path:
-    """A prepared directory of ``texts`` with one placeholder supervised token (``<|im_end|>``) each, so
+    """A prepared directory of ``texts`` with one placeholder supervised token (the template's user-turn end,
+    ``UserTurnMarkers.end_id``) each, so
     ``eagle3 distill`` answers them. Ids are ``<id_prefix>-00000``, ``<id_prefix>-00001``... skipping any
     ``id_ok`` rejects (the demo skips ids its held-out hash would take, so none of these prompts is held out)."""
-    end_id = int(tokenizer.convert_tokens_to_ids(IM_END))
+    end_id = user_turn_markers(tokenizer, meta.model).end_id
     numbers = (n for n in itertools.count() if id_ok(f"{id_prefix}-{n:05d}"))
 
     def samples() -> Iterable[PreparedSample]:
@@ -340,7 +316,7 @@ def self_instruct(
     info = client.info()
     check_can_generate_for(info, meta, Path(prepared_dir))
     tokenizer = load_tokenizer(Path(meta.model_dir))
-    check_chatml(tokenizer, meta.model)
+    user_turn_markers(tokenizer, meta.model)  # a template it cannot read is refused before any request
     dataset_openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction)
     steering = (dataset_openers if openers is None else list(openers)) if steer else []
     out = Path(out_dir)

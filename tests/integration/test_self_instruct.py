@@ -11,15 +11,14 @@ from typing import Any
 import pytest
 
 from bench.distill_inprocess import prompt_of
+from eagle3.client.chat_turns import user_turn_markers
 from eagle3.client.distill import DistillConfig, distill_dataset
 from eagle3.client.sdk import ExtractionClient
 from eagle3.client.self_instruct import (
-    IM_END,
     SelfInstructConfig,
     is_acceptable,
     openers_and_turns,
     sample_prompts,
-    user_prefix_text,
     user_turns,
     write_prompt_dir,
 )
@@ -63,7 +62,7 @@ def test_filters() -> None:
 
 
 def test_prefix_is_the_user_turn_start(smollm2_tokenizer: Any) -> None:
-    prefix = user_prefix_text(smollm2_tokenizer)
+    prefix = user_turn_markers(smollm2_tokenizer, "SmolLM2").prefix
     assert prefix.endswith("<|im_start|>user\n")
     assert "<|im_start|>system\n" in prefix  # the template's default system turn comes first
 
@@ -82,7 +81,7 @@ def test_sampled_prompts_deterministic_filtered_and_excluded(client: ExtractionC
     for text in first:
         content = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
         assert CFG.min_tokens - 1 <= len(content) <= CFG.max_tokens + 1  # re-tokenizing a stripped decode may shift 1
-        assert IM_END not in text
+        assert "<|im_end|>" not in text
     # same seed -> the same samples; excluding the first kept prompt leaves exactly the others
     assert sample_prompts(client, smollm2_tokenizer, CFG, exclude=[first[0].upper() + "!"]) == first[1:]
 

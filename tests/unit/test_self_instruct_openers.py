@@ -10,13 +10,11 @@ from typing import Any
 
 import pytest
 
+from eagle3.client.chat_turns import user_turn_markers
 from eagle3.client.self_instruct import (
-    IM_END,
     TASK_OPENERS,
-    ChatTemplateError,
     OpenersError,
     SelfInstructConfig,
-    check_chatml,
     load_openers,
     sample_prompts,
     write_prompt_dir,
@@ -57,17 +55,22 @@ def test_id_prefix_keeps_ids_plain_words() -> None:
 
 
 class ScriptedVerifier:
-    """``generate`` that writes the given user turns, in order, one per sequence (the sampling is the
-    server's; what is tested here is what ``sample_prompts`` keeps)."""
+    """``generate`` that writes the given user turns, in order, one per sequence, each ended by the
+    template's user-turn end token (the sampling is the server's; what is tested here is what
+    ``sample_prompts`` keeps). ``prompts`` and ``stop_token_ids`` record what it was asked."""
 
     def __init__(self, tokenizer: Any, turns: list[str]) -> None:
-        end_id = int(tokenizer.convert_tokens_to_ids(IM_END))
+        end_id = user_turn_markers(tokenizer, "scripted").end_id
         self.replies = [[*tokenizer(t, add_special_tokens=False)["input_ids"], end_id] for t in turns]
         self.requests = 0
+        self.prompts: list[list[int]] = []
+        self.stop_token_ids: list[list[int]] = []
 
-    def generate(self, prompts: list[list[int]], **_: Any) -> Any:
+    def generate(self, prompts: list[list[int]], **kwargs: Any) -> Any:
         batch, self.replies = self.replies[: len(prompts)], self.replies[len(prompts) :]
         self.requests += 1
+        self.prompts += prompts
+        self.stop_token_ids.append(list(kwargs["stop_token_ids"]))
         replies = tuple(
             GeneratedReply(id=str(i), prompt_tokens=len(p), output_ids=tuple(r), finish_reason="stop")
             for i, (p, r) in enumerate(zip(prompts, batch, strict=False))
@@ -102,22 +105,3 @@ def test_a_second_prompt_set_takes_its_own_id_prefix(tmp_path: Path, smollm2_tok
         ("task-00002", texts[1]),  # the id id_ok rejects is skipped
         ("task-00003", texts[2]),
     ]
-
-
-class Llama3StyleTokenizer:
-    """A non-ChatML template (Llama-3's header tokens; DeepSeek-V3's differs again): no ``<|im_end|>``."""
-
-    unk_token_id = None
-
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False) -> str:
-        body = "".join(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>" for m in messages)
-        return "<|begin_of_text|>" + body
-
-    def convert_tokens_to_ids(self, token: str) -> int | None:
-        return None
-
-
-def test_a_template_other_than_chatml_is_refused_before_any_request(smollm2_tokenizer: Any) -> None:
-    check_chatml(smollm2_tokenizer, "SmolLM2-135M-Instruct")  # ChatML: accepted
-    with pytest.raises(ChatTemplateError, match=r"deepseek-v3-toy: self-instruct needs a ChatML chat template"):
-        check_chatml(Llama3StyleTokenizer(), "deepseek-v3-toy")
