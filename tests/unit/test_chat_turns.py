@@ -1,6 +1,6 @@
 """User-turn markers read from a chat template (``client/chat_turns.py``), so self-instruct works on the
-target family: the real SmolLM2 (ChatML) and DeepSeek-V3 tokenizers, a Llama-3-style header template on
-SmolLM2's vocabulary, and templates that cannot be read, refused with the model named."""
+target family: the real SmolLM2 (ChatML) and DeepSeek-V3 tokenizers, Llama-3- and Kimi-K2-style templates
+on SmolLM2's vocabulary, and templates that cannot be read, refused with the model named."""
 
 from __future__ import annotations
 
@@ -31,6 +31,26 @@ LLAMA3_TEMPLATE = (
     "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}"
     "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
+# Kimi-K2's shape: <|im_ROLE|>ROLE<|im_middle|>CONTENT<|im_end|>, a default system turn first
+KIMI_TEMPLATE = (
+    "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+    "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"
+)
+HEADER_TEMPLATES = {
+    "llama3": (
+        LLAMA3_TEMPLATE,
+        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n",  # never the system's header
+        "<|eot_id|>",
+    ),
+    "kimi-k2": (
+        KIMI_TEMPLATE,
+        ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>"],
+        "<|im_end|><|im_user|>user<|im_middle|>",
+        "<|im_end|>",
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +66,10 @@ def deepseek_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return tokenizer
 
 
-def llama3_style(smollm2_dir: Path) -> Any:
+def with_template(smollm2_dir: Path, template: str, special_tokens: list[str]) -> Any:
     tokenizer = load_tokenizer(smollm2_dir)  # a fresh copy: the session fixture stays ChatML
-    tokenizer.add_special_tokens(
-        {"additional_special_tokens": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
-    )
-    tokenizer.chat_template = LLAMA3_TEMPLATE
+    tokenizer.add_special_tokens({"additional_special_tokens": special_tokens})
+    tokenizer.chat_template = template
     return tokenizer
 
 
@@ -81,12 +99,13 @@ def test_deepseek_v3_markers_from_its_own_template(deepseek_tokenizer: Any) -> N
     assert user_turns(deepseek_tokenizer, ids, markers) == ["What is 2 + 2?", "And 3 + 3, in words?"]
 
 
-def test_a_llama3_style_template_reads_too(smollm2_dir: Path) -> None:
-    tokenizer = llama3_style(smollm2_dir)
-    markers = user_turn_markers(tokenizer, "llama3-style")
-    assert markers.prefix.endswith("<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n")
-    assert markers.open == "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"  # never the system's header
-    assert markers.end_token == "<|eot_id|>"
+@pytest.mark.parametrize("name", sorted(HEADER_TEMPLATES))
+def test_header_style_templates_read_too(smollm2_dir: Path, name: str) -> None:
+    template, special_tokens, open_, end_token = HEADER_TEMPLATES[name]
+    tokenizer = with_template(smollm2_dir, template, special_tokens)
+    markers = user_turn_markers(tokenizer, name)
+    assert markers.prefix.endswith(open_) and markers.open == open_
+    assert markers.end_token == end_token
     assert user_turns(tokenizer, rendered_ids(tokenizer, CONVERSATION)) == ["What is 2 + 2?", "And 3 + 3, in words?"]
 
 
