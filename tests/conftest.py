@@ -48,30 +48,33 @@ def worker_group(nodeid: str) -> str:
     return ENGINE_GROUP if "vllm" in nodeid else nodeid.split("::", 1)[0]
 
 
-# Seconds a work unit took in a full `make test` on the 2-core CI machine (pytest --durations=0, 2026-12-06,
-# summed per worker_group); the rest of the suite's groups take under 30 s each. Only the order depends on
-# it: a stale figure makes the run slower, never wrong.
+# Seconds a work unit took in a full `make test` on the 2-core CI machine (pytest --durations=0, quiet, 2026-12-07,
+# summed per worker_group: 1,221 s of wall time for 2,390 s of tests); the rest of the suite's groups take under
+# 20 s each. Only the order depends on it: a stale figure makes the run slower, never wrong.
 GROUP_SECONDS = {
-    ENGINE_GROUP: 945,
-    "tests/e2e/test_train_stream.py": 292,
-    "tests/integration/test_self_instruct.py": 170,
-    "tests/e2e/test_demo_eval_matrix.py": 153,
-    "tests/e2e/test_readme_pipeline.py": 124,
-    "tests/e2e/test_serving_concurrency.py": 74,
-    "tests/integration/test_distill_server.py": 68,
-    "tests/e2e/test_demo_sigterm.py": 64,
-    "tests/e2e/test_device_check.py": 57,
-    "tests/e2e/test_serve_exit_status.py": 51,
-    "tests/integration/test_prepare.py": 51,
-    "tests/integration/test_offline_online.py": 44,
-    "tests/integration/test_generate.py": 43,
-    "tests/e2e/test_feature_cache.py": 39,
-    "tests/e2e/test_lane_fairness.py": 38,
-    "tests/integration/test_train_resume.py": 37,
-    "tests/e2e/test_sdk_live.py": 36,
-    "tests/e2e/test_server_lifecycle.py": 36,
-    "tests/e2e/test_identity_by_content.py": 34,
-    "tests/e2e/test_chaos.py": 33,
+    ENGINE_GROUP: 817,
+    "tests/e2e/test_train_stream.py": 277,
+    "tests/integration/test_self_instruct.py": 175,
+    "tests/e2e/test_readme_pipeline.py": 127,
+    "tests/integration/test_distill_server.py": 78,
+    "tests/e2e/test_demo_sigterm.py": 67,
+    "tests/e2e/test_demo_eval_matrix.py": 65,
+    "tests/e2e/test_serving_concurrency.py": 52,
+    "tests/integration/test_prepare.py": 46,
+    "tests/e2e/test_device_check.py": 44,
+    "tests/integration/test_generate.py": 44,
+    "tests/e2e/test_serve_exit_status.py": 41,
+    "tests/e2e/test_lane_fairness.py": 35,
+    "tests/e2e/test_server_lifecycle.py": 31,
+    "tests/integration/test_train_resume.py": 30,
+    "tests/e2e/test_sdk_live.py": 29,
+    "tests/e2e/test_chaos.py": 29,
+    "tests/integration/test_offline_online.py": 27,
+    "tests/e2e/test_identity_by_content.py": 24,
+    "tests/integration/test_backend_parity.py": 23,
+    "tests/e2e/test_feature_cache.py": 23,
+    "tests/integration/test_eval_speculative.py": 22,
+    "tests/e2e/test_fp8_extract.py": 21,
 }
 
 

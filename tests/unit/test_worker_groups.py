@@ -16,4 +16,4 @@ def test_groups_go_out_longest_first_and_unknown_ones_keep_their_order() -> None
     groups = ["tests/unit/test_b.py", "tests/e2e/test_readme_pipeline.py", "tests/unit/test_a.py", ENGINE_GROUP]
     assert longest_first(groups) == [ENGINE_GROUP, "tests/e2e/test_readme_pipeline.py", "tests/unit/test_b.py",
                                      "tests/unit/test_a.py"]  # fmt: skip
-    assert all(GROUP_SECONDS[g] >= 30 for g in GROUP_SECONDS)  # the table lists the long groups only
+    assert all(GROUP_SECONDS[g] >= 20 for g in GROUP_SECONDS)  # the table lists the long groups only
