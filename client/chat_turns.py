@@ -88,11 +88,13 @@ def user_turn_markers(tokenizer: Any, model: str) -> UserTurnMarkers:
         one, three = _render(tokenizer, (_FIRST,)), _render(tokenizer, (_FIRST, _REPLY, _NEXT))
     except Exception as e:
         raise refuse(f"rendering a user turn failed ({type(e).__name__}: {e})") from e
-    if any(one.count(m) != 1 for m in (_FIRST,)) or any(three.count(m) != 1 for m in (_FIRST, _REPLY, _NEXT)):
+    if one.count(_FIRST) != 1 or any(three.count(m) != 1 for m in (_FIRST, _REPLY, _NEXT)):
         raise refuse("the template drops or repeats a message's content")
     prefix, close = one.split(_FIRST)
     between, last_close = three[three.index(_REPLY) + len(_REPLY) :].split(_NEXT)
-    if last_close != close or not close:
+    if not close:
+        raise refuse("nothing follows a user turn's content, so nothing ends it")
+    if last_close != close:
         raise refuse(f"a user turn ends with {close!r} in one conversation and {last_close!r} in another")
     open_ = _from_first_special(tokenizer, os.path.commonprefix([prefix[::-1], between[::-1]])[::-1])
     if not open_:

@@ -137,6 +137,7 @@ def test_self_instruct_on_deepseek_v3_asks_after_its_user_token_and_stops_at_ass
         ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:", "one special token"),
         ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n<|im_end|>{% endfor %}", "drops or repeats"),
         ("{{ raise_exception('no such role') }}", "rendering a user turn failed"),
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", "nothing follows a user turn"),
     ],
 )
 def test_a_template_it_cannot_read_is_refused_naming_the_model(smollm2_dir: Path, template: str, reason: str) -> None:
