@@ -2,16 +2,23 @@
 the same tests (auth on every route, every bad-input class, 413, stream layout and chunking for each
 codec, two tenants' ordering, a killed client returning its budget), collected a second time in this
 module with the ``server`` fixture below, so they run against a real vLLM engine. One server for the
-module: the engine starts once."""
+module: the engine starts once. It logs JSON (``--log-format json``), so the same server also shows an
+operator's view (``test_json_logs_and_engine_metrics_of_the_vllm_backend``): every log line of vLLM's
+loggers, from the server process and from the engine's own process, is one of eagle3's JSON lines (none in
+vLLM's text format); the settings not at their default and where they came from are logged at start;
+/metrics carries vLLM's own engine series, the process's series and ``eagle3_info``."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.live_server import LiveServer, tiny_llama_dir
 from tests.e2e.test_server_api import (  # noqa: F401 (collected here against the vllm server)
@@ -28,6 +35,7 @@ from tests.e2e.test_server_api import (  # noqa: F401 (collected here against th
 from tests.integration.test_vllm_backend import require_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+VLLM_TEXT_LINE = re.compile(r"^(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Itera
     args = ["--backend", "vllm", "--kv-cache-gib", "1", "--model", str(model), "--dtype", "float32",
             "--max-model-len", str(MAX_MODEL_LEN),
             "--max-batch-tokens", "128", "--max-request-tokens", "40000", "--max-tenant-inflight-tokens", "60000",
-            "--max-body-mb", "1", "--max-payload-mb", "0.1", "--heartbeat-s", "0.5"]  # fmt: skip
+            "--max-body-mb", "1", "--max-payload-mb", "0.1", "--heartbeat-s", "0.5",
+            "--log-format", "json"]  # fmt: skip
     with LiveServer(args, root / "server.log", api_keys=KEYS) as live:
         live.wait_ready(timeout_s=600)
         info = httpx.get(f"{live.url}/v1/info", headers={"Authorization": f"Bearer {KEYS['tenant-a']}"}).json()
@@ -107,3 +116,28 @@ def test_a_sample_of_the_advertised_max_model_len_is_served_and_one_more_is_a_40
     over = {"samples": [{"id": "over", "input_ids": [7] * (longest + 1)}]}
     resp = httpx.post(f"{server.url}/v1/extract", json=over, headers=server.headers(), timeout=60)
     assert resp.status_code == 400 and resp.headers["x-should-retry"] == "false", resp.text
+
+
+def test_json_logs_and_engine_metrics_of_the_vllm_backend(server: LiveServer) -> None:
+    headers = {"Authorization": f"Bearer {KEYS['tenant-a']}"}
+    body = {"samples": [{"id": f"s{i}", "input_ids": list(range(1, 40 + i))} for i in range(4)]}
+    assert httpx.post(f"{server.url}/v1/extract", json=body, headers=headers, timeout=300).status_code == 200
+    text = httpx.get(f"{server.url}/metrics", headers=headers, timeout=30).text
+    log = server.log()
+
+    lines = [line for line in log.splitlines() if line.strip()]
+    assert not [line for line in lines if VLLM_TEXT_LINE.match(line)], log
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    vllm_records = [r for r in records if r["logger"].startswith("vllm")]
+    assert len(vllm_records) >= 10, log  # vLLM's start-up lines, now JSON
+    assert any(r.get("process", "").startswith("EngineCore") for r in vllm_records), log  # the engine's process too
+    (start,) = [r for r in records if "settings not at their default" in r["message"]]
+    assert start["settings"]["log_format"] == "'json' (--log-format)"
+    assert start["settings"]["backend"].endswith("(--backend)")
+
+    got = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got["eagle3_info"].labels["backend"] == "vllm" and got["eagle3_info"].labels["model"] == "tiny"
+    assert got["process_resident_memory_bytes"].value > 0
+    engine = {name for name in got if name.startswith("vllm:")}
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= engine, engine
+    assert got["vllm:prompt_tokens_total"].value >= sum(39 + i for i in range(4))

@@ -2,7 +2,7 @@
 (``process_*``, ``python_*``) and an ``eagle3_info`` series (version, backend, model) besides eagle3's;
 the status page's refresh is not an INFO line every 5 s; with ``--log-format json`` the dictConfig given
 to every vLLM process writes eagle3's JSON lines. The live vllm case (vLLM's own ``vllm:*`` series,
-every vLLM log line JSON) is tests/e2e/test_vllm_operator.py."""
+every vLLM log line JSON) is tests/e2e/test_vllm_server.py::test_json_logs_and_engine_metrics_of_the_vllm_backend."""
 
 from __future__ import annotations
 
