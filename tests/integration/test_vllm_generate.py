@@ -75,6 +75,8 @@ def test_vllm_greedy_through_the_server_equals_vllm_generate(
              "kv_cache_memory_bytes": 1 << 30, "max_model_len": 2048, "disable_log_stats": False}  # fmt: skip
     reference = run_engine(plain, prompts, N_NEW, ignore_eos=False, log_path=tmp_path / "vllm.log", timeout_s=600)
     want = [list(ids) for ids in reference.token_ids]
+    log = (tmp_path / "vllm.log").read_text()
+    assert "Loading weights took" in log and "(EngineCore" not in log, "the engine core ran in the child"
     assert [list(r.output_ids) for r in alone] == want, [smollm2_tokenizer.decode(w) for w in want]
     assert any(r.finish_reason == "stop" for r in alone), "no reply reached the end of turn"
     for reply, ids in zip(alone, want, strict=True):  # vLLM ends a reply at eos (kept) or at max_tokens

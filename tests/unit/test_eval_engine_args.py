@@ -4,6 +4,7 @@ engine starts (core/engine_args.py, draft_trainer/evaluate_vllm.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,33 @@ def test_a_real_mismatch_still_fails(
         tmp_path, tmp_path, [[1, 2]], dtype=dtype, log_dir=tmp_path, require_identical=False
     )
     assert not report.outputs_identical and report.first_mismatch is not None and not report.near_ties
+
+
+@pytest.mark.parametrize("operator", [None, "1"])
+def test_the_engine_child_runs_vllms_engine_core_in_itself_unless_the_operator_says(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, operator: str | None
+) -> None:
+    """``run_engine``'s child gets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (no engine-core and worker processes
+    to spawn: docs/performance.md, "vLLM evaluation") and all cores; an operator's own value is kept."""
+    import subprocess
+
+    from eagle3.draft_trainer import vllm_engine
+
+    if operator is None:
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", operator)
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    seen: dict[str, Any] = {}
+
+    def fake_run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        seen.update(kwargs["env"])
+        result = {"load_s": 1.0, "generate_s": 1.0, "token_ids": [[5, 6]], "spec_counters": {}}
+        Path(cmd[-1]).write_text(json.dumps(result))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(vllm_engine.subprocess, "run", fake_run)
+    run = vllm_engine.run_engine({"model": "m"}, [[1, 2]], 2, False, tmp_path / "log", timeout_s=5)
+    assert run.token_ids == ((5, 6),)
+    assert seen["VLLM_ENABLE_V1_MULTIPROCESSING"] == (operator or "0")
+    assert seen["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
