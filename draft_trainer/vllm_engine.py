@@ -140,7 +140,7 @@ def _child(request_path: str, result_path: str) -> None:
 
     request = json.loads(Path(request_path).read_text())
     started = time.monotonic()
-    llm = vllm.LLM(**request["llm"])
+    llm = vllm.LLM(**{**request["llm"], "disable_log_stats": False})  # the counters below need vLLM's stats
     load_s = time.monotonic() - started
     sampling = vllm.SamplingParams(
         max_tokens=int(request["max_new_tokens"]),

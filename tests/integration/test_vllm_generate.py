@@ -72,7 +72,7 @@ def test_vllm_greedy_through_the_server_equals_vllm_generate(
     from eagle3.draft_trainer.vllm_engine import run_engine
 
     plain = {"model": str(smollm2_dir), "dtype": "float32", "enforce_eager": True, "seed": 0,
-             "kv_cache_memory_bytes": 1 << 30, "max_model_len": 2048, "disable_log_stats": False}  # fmt: skip
+             "kv_cache_memory_bytes": 1 << 30, "max_model_len": 2048}  # fmt: skip
     reference = run_engine(plain, prompts, N_NEW, ignore_eos=False, log_path=tmp_path / "vllm.log", timeout_s=600)
     want = [list(ids) for ids in reference.token_ids]
     log = (tmp_path / "vllm.log").read_text()
