@@ -21,7 +21,8 @@ DEMO_ARGS ?= --samples 64 --epochs 2 --eval-prompts 5
 # (docs/training.md, "Steered self-instruct"); eval covers the whole held-out split, then tau at k 3,5,7
 # on MT-Bench's 80 first turns and on the held-out split (the matrix, eagle3's engine)
 DEMO_FULL_ARGS ?= --samples 749 --sampled-replies 3 --self-instruct 1000 --bf16 --epochs 10 --eval-prompts 60 --eval-matrix 3,5,7
-# pytest-xdist workers for `make test` (0: one process); tests/conftest.py worker_group says what runs together
+# pytest-xdist workers for `make test` (0: one process); tests/conftest.py worker_group says what runs together;
+# the 40 slowest tests are listed at the end (the figures behind GROUP_SECONDS in tests/conftest.py)
 TEST_WORKERS ?= 2
 
 .PHONY: env demo demo-full test check lint format clean
@@ -61,7 +62,7 @@ demo-full: $(DEMO_STAMP)
 	$(BIN)/eagle3 demo --out demo_full $(DEMO_FULL_ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) tests
+	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) --durations=40 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
