@@ -67,6 +67,7 @@ def run_eval_matrix(args: argparse.Namespace, model: str, engine_settings: Any =
     model_dir = resolve_model_dir(model)
     sets = choose_prompts(names, args, model_dir, bool(engine_args.get("trust_remote_code")))
     rows: list[tuple[str, int, dict[str, Any], float]] = []  # set, k, report as JSON, tau
+    outside: dict[str, float | None] = {}  # set -> share of the verifier's tokens outside the draft vocabulary
     identical = True
     if args.engine == "vllm":
         from eagle3.draft_trainer.evaluate_vllm import evaluate_vllm_ks
@@ -88,6 +89,7 @@ def run_eval_matrix(args: argparse.Namespace, model: str, engine_settings: Any =
                 if not args.json:
                     print(f"[{name}]\n{report.format_text()}")
                 rows.append((name, report.k, report.to_json(), report.mean_acceptance_length))
+                outside[name] = report.outside_vocab_share
     else:
         from eagle3.draft_trainer.evaluate import evaluate_ks
 
@@ -110,20 +112,31 @@ def run_eval_matrix(args: argparse.Namespace, model: str, engine_settings: Any =
                 if not args.json:
                     print(f"[{name}]\n{result.format_text()}")
                 rows.append((name, result.k, result.to_dict(), result.tau))
+                outside[name] = result.outside_vocab_share
     if args.json:
         single = len(rows) == 1  # one set, one k: the report itself, as before
         print(json.dumps(rows[0][2] if single else {"matrix": [dict(r, prompt_set=n, k=k) for n, k, r, _ in rows]}))
     elif len(rows) > 1:
-        print(format_matrix(args.engine, [(n, k, tau) for n, k, _, tau in rows], ks))
+        print(format_matrix(args.engine, [(n, k, tau) for n, k, _, tau in rows], ks, outside))
     return 0 if identical else 1
 
 
-def format_matrix(engine: str, cells: list[tuple[str, int, float]], ks: tuple[int, ...]) -> str:
-    """τ per prompt set (rows) and k (columns)."""
+def format_matrix(
+    engine: str,
+    cells: list[tuple[str, int, float]],
+    ks: tuple[int, ...],
+    outside: dict[str, float | None] | None = None,
+) -> str:
+    """τ per prompt set (rows) and k (columns); ``outside``: per set, the share of the verifier's tokens the
+    draft vocabulary lacks (the last column; blank where unknown)."""
     taus = {(name, k): tau for name, k, tau in cells}
     names = list(dict.fromkeys(name for name, _, _ in cells))
     width = max(len(n) for n in names) + 2
-    lines = [f"tau (mean tokens per verifier step, engine {engine})", " " * width + "".join(f"k={k:<7}" for k in ks)]
+    known = any(share is not None for share in (outside or {}).values())
+    head = " " * width + "".join(f"k={k:<7}" for k in ks) + ("outside vocab" if known else "")
+    lines = [f"tau (mean tokens per verifier step, engine {engine})", head.rstrip()]
     for name in names:
-        lines.append(f"{name:<{width}}" + "".join(f"{taus[(name, k)]:<9.3f}" for k in ks))
+        share = (outside or {}).get(name)
+        tail = f"{100 * share:.1f}%" if share is not None else ""
+        lines.append((f"{name:<{width}}" + "".join(f"{taus[(name, k)]:<9.3f}" for k in ks) + tail).rstrip())
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from eagle3.draft_trainer.offline_online import compare_offline_online
 from eagle3.draft_trainer.rounds import RoundCounts, simulate_rounds
 from eagle3.draft_trainer.speculate import VerifierTaps, greedy_generate, speculative_generate
 from eagle3.draft_trainer.ttt import Teacher, load_verifier_tensors, ttt_forward
+from eagle3.draft_trainer.vocab import outside_share
 
 
 @dataclass
@@ -48,6 +49,8 @@ class EvalResult:
     offline_accepted_per_position: list[float] = field(default_factory=list)  # the same walk, per position
     offline_rounds: int = 0
     same_sequences: dict[str, Any] = field(default_factory=dict)  # OfflineOnline.to_dict() on the eval prompts
+    # share of the verifier's greedy tokens on these prompts that the draft vocabulary lacks (vocab.outside_share)
+    outside_vocab_share: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,6 +63,8 @@ class EvalResult:
             f"  speedup vs verifier alone     {self.speedup:.2f}x  "
             f"({self.baseline_s:.1f} s -> {self.speculative_s:.1f} s)",
             f"  output identical to greedy    {'yes' if self.identical else 'NO'}",
+            f"  outside the draft vocabulary  {100 * self.outside_vocab_share:.1f}% of the verifier's tokens "
+            "(never proposed)",
         ]
         if self.offline_acc:
             accs = "  ".join(f"{100 * a:.1f}%" for a in self.offline_acc)
@@ -274,12 +279,14 @@ def evaluate_ks(
     accepted: dict[int, list[int]] = {k: [] for k in ks}
     identical = dict.fromkeys(ks, True)
     n_tokens = dict.fromkeys(ks, 0)
+    greedy_tokens: list[list[int]] = []
     greedy_generate(verifier, prompts[0], 2, eos_id)  # warm-up
     bar = ProgressBar("eval", len(prompts), unit="prompt")
     for prompt in prompts:
         bar.update(1)
         base = greedy_generate(verifier, prompt, max_new_tokens, eos_id)
         base_s += base.seconds
+        greedy_tokens.append(base.tokens)
         for k in ks:
             spec = speculative_generate(verifier, draft, taps, prompt, k, max_new_tokens, eos_id)
             identical[k] &= spec.tokens == base.tokens
@@ -302,6 +309,7 @@ def evaluate_ks(
             baseline_s=base_s,
             identical=identical[k],
             accepted_per_position=[sum(a > i for a in acc) / max(1, len(acc)) for i in range(k)],
+            outside_vocab_share=outside_share(greedy_tokens, draft.target_ids.numpy()),
         )
         if same_sequences:
             check = compare_offline_online(

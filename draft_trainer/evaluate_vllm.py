@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.core.engine_args import EngineArgsError, check_engine_args
+from eagle3.draft_trainer.export import export_target_ids
 from eagle3.draft_trainer.near_tie import NEAR_TIE_MARGIN, TOP_LOGPROBS, classify_divergences
 
 # re-exported: callers and tests name them here (tests fake ``evaluate_vllm.run_engine``)
@@ -75,6 +76,7 @@ from eagle3.draft_trainer.vllm_engine import (
 )
 from eagle3.draft_trainer.vllm_report import EngineRun as EngineRun
 from eagle3.draft_trainer.vllm_report import VllmSpecReport as VllmSpecReport
+from eagle3.draft_trainer.vocab import outside_share
 
 Prompt = Sequence[int] | Sequence[dict[str, str]]  # token ids, or chat messages {"role", "content"}
 # (verifier directory, dtype name, the operator's engine args) -> the engine args both engines get: the
@@ -327,6 +329,7 @@ def build_report(
             f"inconsistent vLLM counters: drafts {n_drafts}, draft tokens {n_draft_tokens}, accepted {n_accepted}, "
             f"per position {list(per_pos)} (k={k})"
         )
+    target_ids = export_target_ids(export_dir)
     return VllmSpecReport(
         export_dir=str(export_dir),
         model_dir=str(model_dir),
@@ -348,4 +351,5 @@ def build_report(
         baseline_load_s=base.load_s,
         speculative_load_s=spec.load_s,
         generated_token_ids=spec.token_ids,
+        outside_vocab_share=outside_share(base.token_ids, target_ids) if target_ids is not None else None,
     )

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -201,6 +202,22 @@ def read_export(export_dir: str | Path) -> tuple[dict[str, Any], dict[str, torch
     with safe_open(str(export_dir / EXPORT_WEIGHTS), framework="pt") as fh:
         tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118
     return config, tensors
+
+
+def export_target_ids(export_dir: str | Path) -> np.ndarray | None:
+    """(K,) int64: the target ids an exported draft can propose, from its ``d2t`` (eagle3's name, or vLLM's
+    ``draft_id_to_target_id``) in any ``*.safetensors`` of ``export_dir`` (eagle3's export or a speculators
+    checkpoint); None when none is stored: a draft over the whole target vocabulary (eagle3 writes no
+    ``d2t`` then) or a checkpoint that keeps it elsewhere."""
+    for path in sorted(Path(export_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            names = set(fh.keys())
+            for name in ("d2t", "draft_id_to_target_id"):
+                if name in names:
+                    d2t = fh.get_tensor(name).to(torch.int64)
+                    ids: np.ndarray = (torch.arange(d2t.shape[0], dtype=torch.int64) + d2t).numpy()
+                    return ids
+    return None
 
 
 def expected_vllm_shapes(config: dict[str, Any], target_vocab_size: int) -> dict[str, tuple[int, ...]]:

@@ -48,6 +48,9 @@ class VllmSpecReport:
     generated_token_ids: tuple[tuple[int, ...], ...] = ()  # per prompt, with the draft (== without when identical)
     near_ties: tuple[dict[str, Any], ...] = ()  # NearTie.to_dict() of each prompt that diverged at a near-tie
     near_tie_margin: float = 0.0  # the bound they were held to (NEAR_TIE_MARGIN[dtype])
+    # share of the verifier's generated tokens (without the draft) that the draft's vocabulary lacks: tokens it
+    # can never propose (vocab.outside_share); None when the checkpoint stores no d2t (the whole vocabulary)
+    outside_vocab_share: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -68,18 +71,22 @@ class VllmSpecReport:
                 f"identical up to {len(self.near_ties)} {self.dtype} near-tie(s) (verifier top-2 margin at the "
                 f"divergence <= {widest:.3g}, bound {self.near_tie_margin})"
             )
-        return "\n".join(
-            [
-                f"vLLM speculative decoding (eagle3, k={self.k}, {self.dtype}): {self.export_dir}",
-                f"  verifier          {self.model_dir}",
-                f"  prompts           {self.n_prompts} ({self.n_prompt_tokens:,} prompt tokens, "
-                f"{self.n_generated_tokens:,} generated)",
-                f"  greedy output     {same} with and without the draft",
-                f"  acceptance (vLLM) tau = {self.mean_acceptance_length:.3f} tokens per verifier step "
-                f"({self.n_accepted_tokens:,} accepted of {self.n_draft_tokens:,} drafted, "
-                f"{self.n_drafts:,} drafts)",
-                f"  per position      {per_pos}",
-                f"  tokens/s          {self.baseline_tokens_per_s:.1f} without, "
-                f"{self.speculative_tokens_per_s:.1f} with the draft (x{self.speedup:.2f})",
-            ]
-        )
+        lines = [
+            f"vLLM speculative decoding (eagle3, k={self.k}, {self.dtype}): {self.export_dir}",
+            f"  verifier          {self.model_dir}",
+            f"  prompts           {self.n_prompts} ({self.n_prompt_tokens:,} prompt tokens, "
+            f"{self.n_generated_tokens:,} generated)",
+            f"  greedy output     {same} with and without the draft",
+            f"  acceptance (vLLM) tau = {self.mean_acceptance_length:.3f} tokens per verifier step "
+            f"({self.n_accepted_tokens:,} accepted of {self.n_draft_tokens:,} drafted, "
+            f"{self.n_drafts:,} drafts)",
+            f"  per position      {per_pos}",
+            f"  tokens/s          {self.baseline_tokens_per_s:.1f} without, "
+            f"{self.speculative_tokens_per_s:.1f} with the draft (x{self.speedup:.2f})",
+        ]
+        if self.outside_vocab_share is not None:
+            lines.append(
+                f"  outside the vocab {100 * self.outside_vocab_share:.1f}% of the verifier's tokens are not in the "
+                "draft vocabulary (never proposed)"
+            )
+        return "\n".join(lines)

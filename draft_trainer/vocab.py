@@ -10,12 +10,16 @@ Definitions (docs/architecture.md, "On disk", Vocab; vLLM ``LlamaForCausalLMEagl
 * ``t2d[j] = j in chosen`` (bool over the target vocabulary; ``t2d.sum() == K``).
 
 Coverage is the share of assistant-token occurrences whose id is in the draft vocabulary: the
-ceiling on how often the draft can even propose the verifier's next token.
+ceiling on how often the draft can even propose the verifier's next token. It is measured on the
+training data, where it is near 100 % by construction; ``outside_share`` is its complement on what the
+verifier generates for other prompts (``eagle3 eval`` reports it per prompt set): a token outside the
+vocabulary ends every draft chain that reaches it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -104,6 +108,15 @@ def select_ids(counts: np.ndarray, k: int) -> np.ndarray:
 def coverage(counts: np.ndarray, target_ids: np.ndarray) -> float:
     total = int(counts.sum())
     return float(counts[target_ids].sum()) / total if total else 0.0
+
+
+def outside_share(token_ids: Iterable[Sequence[int]], target_ids: np.ndarray) -> float:
+    """Share of the tokens in ``token_ids`` (per prompt, what the verifier generated) whose id is not one of
+    ``target_ids`` (the draft vocabulary): tokens the draft can never propose. 0.0 when there are none."""
+    tokens = np.fromiter((t for row in token_ids for t in row), dtype=np.int64)
+    if tokens.size == 0:
+        return 0.0
+    return float(1.0 - np.isin(tokens, np.asarray(target_ids, dtype=np.int64)).mean())
 
 
 def check_sizes(draft_vocab_size: int, target_vocab_size: int) -> None:

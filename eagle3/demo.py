@@ -384,6 +384,7 @@ def print_eval_matrix(
     k_text = ",".join(map(str, ks))
     print(f"  tau matrix: {len(bench)} MT-Bench first turns and {len(sets[1][1])} held-out prompts at k={k_text}")
     cells: list[tuple[str, int, float]] = []
+    outside: dict[str, float | None] = {}  # per set: the verifier's tokens the draft vocabulary lacks
     identical = True
     for name, prompts in sets:
         # one verifier load and one greedy baseline per prompt for every k
@@ -404,5 +405,6 @@ def print_eval_matrix(
                 f"{result.identical}"
             )
             cells.append((name, result.k, result.tau))
-    print(format_matrix("eagle3", cells, ks))
+            outside[name] = result.outside_vocab_share
+    print(format_matrix("eagle3", cells, ks, outside))
     return identical

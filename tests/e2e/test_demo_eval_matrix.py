@@ -44,10 +44,11 @@ def test_demo_prints_the_mt_bench_and_heldout_matrix(tmp_path: Path) -> None:
     assert "identical False" not in text
     assert all(1.0 <= tau <= k + 1 for (_, k), tau in cells.items())
     matrix = text.split("tau (mean tokens per verifier step, engine eagle3)", 1)[1].splitlines()
-    assert matrix[1].split() == ["k=2"]
-    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in matrix[2:4]}
+    assert matrix[1].split() == ["k=2", "outside", "vocab"]  # the last column: the verifier's tokens not in it
+    rows = {line.split()[0]: line.split()[1:] for line in matrix[2:4]}
     for name in ("mt-bench", "heldout"):
-        assert rows[name] == pytest.approx([cells[(name, 2)]], abs=6e-4)
+        assert float(rows[name][0]) == pytest.approx(cells[(name, 2)], abs=6e-4)
+        assert rows[name][1].endswith("%") and 0.0 <= float(rows[name][1][:-1]) <= 100.0
 
 
 def supervised_runs(loss_mask: list[int]) -> list[int]:

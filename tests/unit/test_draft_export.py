@@ -13,7 +13,7 @@ import torch
 from eagle3.draft_trainer.checkpoint import save_draft
 from eagle3.draft_trainer.errors import CheckpointError
 from eagle3.draft_trainer.evaluate import load_export_draft
-from eagle3.draft_trainer.export import check_export, export_draft, read_export
+from eagle3.draft_trainer.export import check_export, export_draft, export_target_ids, read_export
 from eagle3.draft_trainer.model import DraftConfig, EagleDraft, draft_config_from_target
 from eagle3.draft_trainer.vocab import build_draft_vocab
 
@@ -92,6 +92,8 @@ def test_d2t_round_trip(tmp_path: Path) -> None:
     assert tensors["t2d"].nonzero().squeeze(1).tolist() == target_ids.tolist()
     loaded = load_export_draft(out, torch.zeros(300, 32))
     assert loaded.target_ids.tolist() == target_ids.tolist()
+    read_ids = export_target_ids(out)  # what eval's outside-vocab share reads
+    assert read_ids is not None and read_ids.tolist() == target_ids.tolist()
 
 
 def test_full_vocab_draft_ships_no_d2t(tmp_path: Path) -> None:
@@ -102,6 +104,19 @@ def test_full_vocab_draft_ships_no_d2t(tmp_path: Path) -> None:
     _, tensors = read_export(out)
     assert "d2t" not in tensors  # vLLM 0.32 fails to load a full-vocab draft that ships d2t
     assert "draft_id_to_target_id" not in check_export(out)
+    assert export_target_ids(out) is None  # every target id: nothing lies outside
+
+
+def test_target_ids_of_a_checkpoint_that_names_d2t_as_vllm_does(tmp_path: Path) -> None:
+    """A speculators-style checkpoint stores ``d2t`` under vLLM's name in its own file name."""
+    from safetensors.torch import save_file
+
+    tmp_path.mkdir(exist_ok=True)
+    save_file({"draft_id_to_target_id": torch.tensor([0, 4, 8]), "fc.weight": torch.zeros(2, 2)},
+              str(tmp_path / "model-00001-of-00001.safetensors"))  # fmt: skip
+    read_ids = export_target_ids(tmp_path)
+    assert read_ids is not None and read_ids.tolist() == [0, 5, 10]
+    assert export_target_ids(tmp_path / "missing") is None
 
 
 def test_check_export_catches_a_wrong_shape(tmp_path: Path) -> None:

@@ -79,6 +79,45 @@ def test_mt_bench_and_heldout_at_three_ks_in_one_run(
     assert len(first) > 20
 
 
+def test_the_matrix_says_what_share_of_the_verifiers_tokens_the_draft_vocabulary_lacks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fake verifier writes each prompt's first token twice; with a real export whose vocabulary holds the
+    first token of one of the two held-out prompts, half the generated tokens lie outside it."""
+    import numpy as np
+    import torch
+
+    from eagle3.draft_trainer import evaluate
+    from eagle3.draft_trainer.checkpoint import save_draft
+    from eagle3.draft_trainer.export import export_draft
+    from eagle3.draft_trainer.model import DraftConfig, EagleDraft
+    from eagle3.draft_trainer.vocab import build_draft_vocab
+
+    cfg = DraftConfig(hidden_size=32, target_hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                      num_key_value_heads=4, head_dim=8, draft_vocab_size=2, target_vocab_size=49152,
+                      aux_layer_ids=(0, 1, 2))  # fmt: skip
+    counts = np.zeros(49152, dtype=np.int64)
+    counts[[1, 9]] = [5, 3]  # the vocabulary: ids 1 and 9
+    draft = EagleDraft(cfg)
+    vocab, _ = build_draft_vocab(counts, 2)
+    draft.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
+    save_draft(draft, tmp_path / "run" / "draft")
+    export = export_draft(tmp_path / "run", tmp_path / "export")
+    _fake_vllm(monkeypatch)
+    monkeypatch.setattr(evaluate, "heldout_prompts", lambda *_a, **_k: [[1, 2, 3], [4, 5]])
+    args = ["eval", str(export), "--model", "SmolLM2-135M-Instruct", "--engine", "vllm", "-k", "3,5",
+            "--prompt-set", "heldout", "--prepared", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "outside the vocab 50.0% of the verifier's tokens" in out
+    matrix = out[out.index("tau (mean tokens per verifier step, engine vllm)") :].splitlines()
+    assert matrix[1].split() == ["k=3", "k=5", "outside", "vocab"]
+    assert matrix[2].split() == ["heldout", "2.000", "3.000", "50.0%"]
+    assert main([*args, "--json"]) == 0
+    cells = json.loads(capsys.readouterr().out)["matrix"]
+    assert [c["outside_vocab_share"] for c in cells] == [0.5, 0.5]
+
+
 def test_one_set_one_k_prints_the_report_as_before(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,6 +9,7 @@ from eagle3.draft_trainer.vocab import (
     build_draft_vocab,
     coverage,
     load_vocab,
+    outside_share,
     save_vocab,
     select_ids,
 )
@@ -87,3 +88,10 @@ def test_save_and_load_round_trip(tmp_path):
     assert np.array_equal(loaded.d2t, vocab.d2t) and np.array_equal(loaded.t2d, vocab.t2d)
     assert loaded.target_ids.tolist() == [1, 3, 4]
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_outside_share_counts_the_generated_tokens_the_vocabulary_lacks():
+    target_ids = np.array([3, 7, 42])
+    assert outside_share([[3, 7, 5], [42, 9]], target_ids) == pytest.approx(2 / 5)  # 5 and 9 are outside
+    assert outside_share([[3], [7, 42]], target_ids) == 0.0
+    assert outside_share([[], []], target_ids) == 0.0  # nothing generated: nothing outside
