@@ -295,6 +295,7 @@ def evaluate_ks(
             n_tokens[k] += len(spec.tokens)
     bar.close()
     teacher = Teacher(tensors["norm"], tensors["lm_head"], draft.cfg.rms_norm_eps)
+    outside = outside_share(greedy_tokens, draft.target_ids.numpy())  # one baseline for every k
     results = []
     for k in ks:
         acc = accepted[k]
@@ -309,7 +310,7 @@ def evaluate_ks(
             baseline_s=base_s,
             identical=identical[k],
             accepted_per_position=[sum(a > i for a in acc) / max(1, len(acc)) for i in range(k)],
-            outside_vocab_share=outside_share(greedy_tokens, draft.target_ids.numpy()),
+            outside_vocab_share=outside,
         )
         if same_sequences:
             check = compare_offline_online(
