@@ -5,16 +5,12 @@
 * One worker thread packs units of work (server/units.py: extraction samples, generate requests,
   any kind with the ``Unit`` members) into forward passes of at most ``max_batch_tokens`` reserved
   tokens (a unit alone over the budget runs alone), taking turns across tenants by a fairness clock
-  (start-time fair queuing): the tenant with the least clock goes next. A unit is charged, when
-  picked, its reserved tokens, and after its pass what it cost (server/pass_cost.py): an extraction
-  its share of a model of the pass (a fixed time plus a time per token), a generate slice the backend
-  time it took, both at the rate of full extraction passes; so a short lane pass pays its fixed
-  overhead and a generated token what it costs. A tenant that becomes active
-  gets ``max(own clock, the floor)`` (the floor: the least clock of the active tenants, never
-  decreasing): it does not bank idle time, and a tenant that goes idle after every pass (a
-  closed-loop client) comes back where it left, not level with the floor. A tenant whose every
-  request has a full output buffer (below) counts as idle: a reader that stops for a while comes
-  back at the floor, not with the passes it missed as credit to take all of them back at once.
+  (start-time fair queuing, server/fair_clock.py): the tenant with the least clock goes next. A unit is
+  charged, when picked, its reserved tokens, and after its pass what it cost (server/pass_cost.py): an
+  extraction its share of a model of the pass (a fixed time plus a time per token), a generate slice the
+  backend time it took, both at the rate of full extraction passes. A tenant whose every request has a
+  full output buffer (below) counts as idle: a reader that stops for a while comes back at the floor,
+  not with the passes it missed as credit to take all of them back at once.
 * Each request has a bounded output buffer (``max_buffered_tokens`` of running, finished and not yet
   streamed states; ``request_buffer_tokens`` sizes it: two forward passes' worth, so a lone request
   fills pass k+1 while pass k is being encoded and sent, capped in bytes, never below one full pass);
@@ -44,6 +40,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
+from eagle3.server.fair_clock import FairClock
 from eagle3.server.feature_cache import FeatureCache
 from eagle3.server.lanes import BULK, lane_of, lane_requests
 from eagle3.server.metrics import Metrics
@@ -107,9 +104,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._lock = threading.Lock()  # guards requests' result queues (shared with each Request)
         self._requests: list[Request] = []  # admitted, not closed; FIFO
-        self._served: dict[str, int] = {}  # tenant -> tokens processed (extracted, prompts + generated)
-        self._clock: dict[str, float] = {}  # tenant -> work charged, token-equivalents (the fairness clock)
-        self._floor = 0.0  # the least clock of the active tenants, never decreasing (the virtual time)
+        self.fair = FairClock()  # per tenant: work charged and tokens processed (server/fair_clock.py)
         self._lane_streak = 0  # lane passes in a row (server/lanes.py)
         self.pass_cost = PassCost(max_batch_tokens)  # what a unit costs on the fairness clock
         self.inflight_tokens = 0
@@ -195,8 +190,7 @@ class Scheduler:
                 self.metrics.inc("eagle3_cancellations_total", tenant=req.tenant)
             req.pending.clear()
             self._requests.remove(req)
-            if self._clock.get(req.tenant, math.inf) <= self._floor and not self._tenant_open(req.tenant):
-                del self._clock[req.tenant]  # it would come back at the floor anyway: bounded by open tenants
+            self.fair.closed(req.tenant, still_open=self._tenant_open(req.tenant))
             self._cond.notify_all()
         self.metrics.observe("eagle3_request_duration_seconds", time.monotonic() - req.admitted_at)
         self.release(req, req.n_tokens)
@@ -212,9 +206,8 @@ class Scheduler:
     def forget_tenant(self, tenant: str) -> None:
         """Drop ``tenant``'s fairness clock when it has no open request (the warm-up's tenant)."""
         with self._cond:
-            if not any(r.tenant == tenant for r in self._requests):
-                self._served.pop(tenant, None)
-                self._clock.pop(tenant, None)
+            if not self._tenant_open(tenant):
+                self.fair.forget(tenant)
 
     # ---- gauges ----
 
@@ -274,18 +267,10 @@ class Scheduler:
     def _tenant_open(self, tenant: str) -> bool:
         return any(r.tenant == tenant for r in self._requests)
 
-    def _advance_floor(self) -> float:
-        """(condition held) The virtual time: the least clock of the active tenants, never decreasing."""
-        active = self._active_tenants()
-        if active:
-            self._floor = max(self._floor, min(self._clock.get(t, self._floor) for t in active))
-        return self._floor
-
     def _become_active(self, tenant: str) -> None:
         """(condition held) ``tenant`` has work that can run again (a new request, or room in a full
-        buffer): ``max(own clock, floor)``; it neither banks the time it was idle nor is reset down."""
-        floor = self._advance_floor()
-        self._clock[tenant] = max(self._clock.get(tenant, floor), floor)
+        buffer): ``max(own clock, floor)`` (server/fair_clock.py)."""
+        self.fair.become_active(tenant, self._active_tenants())
 
     def _schedulable(self, req: Request) -> bool:
         if not req.pending or req.closed:
@@ -296,10 +281,9 @@ class Scheduler:
     def pick_batch(self) -> list[tuple[Request, Unit]]:
         """Fill one forward pass (call with the condition held): interactive requests alone when any is
         eligible (server/lanes.py), else everyone's; least clock first."""
-        self._advance_floor()
-        lane = lane_requests(
-            self._requests, self._clock, self._active_tenants(), self._schedulable, self.max_batch_tokens
-        )
+        active = self._active_tenants()
+        self.fair.advance(active)
+        lane = lane_requests(self._requests, self.fair.clock, active, self._schedulable, self.max_batch_tokens)
         if (
             lane
             and self._lane_streak >= MAX_LANE_STREAK
@@ -321,7 +305,7 @@ class Scheduler:
                     heads[req.tenant] = req
             if not heads:
                 break
-            tenant = min(heads, key=lambda t: self._clock.get(t, 0.0))
+            tenant = self.fair.least(heads)
             req = heads[tenant]
             unit = req.pending[0]
             if batch and n_tokens + unit.n_tokens > self.max_batch_tokens:
@@ -332,8 +316,7 @@ class Scheduler:
                 req.first_scheduled = True
                 self.metrics.observe("eagle3_queue_wait_seconds", time.monotonic() - req.admitted_at)
             req.outstanding_tokens += unit.n_tokens
-            self._served[tenant] = self._served.get(tenant, 0) + unit.n_tokens  # corrected after the pass
-            self._clock[tenant] = self._clock.get(tenant, 0.0) + unit.n_tokens  # likewise, by what it cost
+            self.fair.pick(tenant, unit.n_tokens)  # corrected after the pass, by what it cost
             n_tokens += unit.n_tokens
             batch.append((req, unit))
         return batch
@@ -427,10 +410,7 @@ class Scheduler:
 
     def _charge(self, tenant: str, unit: Unit, out: Outcome, cost: float) -> None:
         """(condition held) The clock keeps what the unit cost, the tokens count what it processed."""
-        if tenant in self._clock:
-            self._clock[tenant] += cost - unit.n_tokens
-        if out.used_tokens is not None and tenant in self._served:
-            self._served[tenant] -= unit.n_tokens - out.used_tokens
+        self.fair.charge(tenant, unit.n_tokens, cost, out.used_tokens)
         for name, amount in out.counters:
             try:
                 self.metrics.inc(name, amount, tenant=tenant)

@@ -150,13 +150,13 @@ def test_limits_and_auth(server: TestClient, sdk: ExtractionClient) -> None:
 
 def test_budgets_and_fairness_count_generated_tokens(server: TestClient, sdk: ExtractionClient) -> None:
     rt = server.app.state.runtime  # type: ignore[attr-defined]
-    served_before = rt.scheduler._served.get("tenant-a", 0)
+    served_before = rt.scheduler.fair.served.get("tenant-a", 0)
     generated_before = rt.metrics.get("eagle3_tokens_generated_total", tenant="tenant-a")
     out = sdk.generate([[1, 9690, 198], [1, 4093, 198, 19556]], max_new_tokens=6, stop_token_ids=[])
     assert out.generated_tokens == 12 and out.prompt_tokens == 7
     assert rt.metrics.get("eagle3_tokens_generated_total", tenant="tenant-a") - generated_before == 12
     # the fairness clock keeps what was processed: prompts + generated, not the reservation
-    assert rt.scheduler._served["tenant-a"] - served_before == 7 + 12
+    assert rt.scheduler.fair.served["tenant-a"] - served_before == 7 + 12
     assert rt.scheduler.tenant_inflight.get("tenant-a", 0) == 0 and rt.scheduler.inflight_tokens == 0
     # over the tenant's in-flight quota: 429 before any work
     rt.scheduler.max_tenant_inflight_tokens = 50

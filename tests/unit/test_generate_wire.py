@@ -108,7 +108,7 @@ def test_a_generate_unit_is_charged_what_it_generated() -> None:
             if req is gen:
                 assert results[0].error is None and [g.output_ids for g in results[0].states] == [[7, 7, 7, 2]] * 2
         assert fake.calls == ["extract x1", "generate x2"]  # one pass: extraction first, then the unit
-        assert sched._served["alice"] == 5 + 8 and sched._served["bob"] == 6  # prompts + generated, not 25
+        assert sched.fair.served["alice"] == 5 + 8 and sched.fair.served["bob"] == 6  # prompts + generated, not 25
         assert sched.metrics.get("eagle3_tokens_generated_total", tenant="alice") == 8
         assert sched.inflight_tokens == 0 and sched.tenant_inflight == {}
 

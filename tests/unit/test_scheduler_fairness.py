@@ -213,7 +213,7 @@ def test_closed_loop_generate_and_lane_clients_share_with_a_bulk_tenant() -> Non
     assert abs(work[GEN] - work[BULK]) <= 2 * (MAX_BATCH_TOKENS / FULL_RATE + largest), shares
     check_invariant(calls, window=40, largest_pass_s=largest)
     # tokens processed are still counted as tokens: prompts + generated for the generating tenant
-    assert sched._served["gen"] % (2 * 4 + 2 * 8) == 0
+    assert sched.fair.served["gen"] % (2 * 4 + 2 * 8) == 0
 
 
 def test_a_tenant_idle_between_passes_keeps_its_clock() -> None:
@@ -236,10 +236,10 @@ def test_a_tenant_idle_between_passes_keeps_its_clock() -> None:
         assert [u.sample_id for _, u in batch] == ["2-0-0"]
         sched._run_batch(batch)
         await drain(sched, small, [])
-        ahead = sched._clock["chat"]
-        assert ahead > sched._clock["bulk"]
+        ahead = sched.fair.clock["chat"]
+        assert ahead > sched.fair.clock["bulk"]
         sched.submit("s1", "chat", extract_units(CHAT, 1, [8]))  # back at once, while bulk waits
-        assert sched._clock["chat"] == ahead, "came back level with the floor (issue 31 R1)"
+        assert sched.fair.clock["chat"] == ahead, "came back level with the floor (issue 31 R1)"
         sched.close(bulk)
 
     asyncio.run(main())

@@ -92,7 +92,7 @@ def test_a_new_kind_of_unit_is_scheduled_without_touching_the_scheduler() -> Non
     by_id = {r.sample.sample_id: r.states for r in got}
     assert by_id == {"a": (3.0, 4.0, 5.0, 6.0), "b": (7.0, 8.0)}
     assert states[0].error is None and states[0].states.shape == (3, 2)
-    assert sched._served["scorer"] == 6, "tokens processed: each token once over the two slices"
+    assert sched.fair.served["scorer"] == 6, "tokens processed: each token once over the two slices"
     assert sched.metrics.get("eagle3_tokens_extracted_total", tenant="scorer") == 6
     assert sched.inflight_tokens == 0 and not sched.tenant_inflight
 
