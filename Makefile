@@ -18,7 +18,7 @@ DEMO_ARGS ?= --samples 64 --epochs 2 --eval-prompts 5
 # demo-full: every distinct chatterbot prompt (749), each with its greedy reply and 3 more sampled at T 0.8,
 # plus 1000 prompts the verifier writes (steered self-instruct) with its greedy replies; 10 epochs under bf16
 # autocast where the CPU has bf16 units (fp32 on an AVX2-only CPU, which emulates bf16 30-50x slower)
-# (docs/training.md, "Steered self-instruct"); eval covers the whole held-out split, then tau at k 3,5,7
+# (docs/draft-quality.md, "Steered self-instruct"); eval covers the whole held-out split, then tau at k 3,5,7
 # on MT-Bench's 80 first turns and on the held-out split (the matrix, eagle3's engine)
 DEMO_FULL_ARGS ?= --samples 749 --sampled-replies 3 --self-instruct 1000 --bf16 --epochs 10 --eval-prompts 60 --eval-matrix 3,5,7
 # pytest-xdist workers for `make test` (0: one process); tests/conftest.py worker_group says what runs together;

@@ -6,7 +6,7 @@ Prints JSON.
 eagle3's draft feeds its pre-norm output back as the next step's hidden and takes that un-normalised hidden
 as the residual (vLLM's ``LlamaForCausalLMEagle3`` without ``norm_before_residual``/``norm_output``), so
 each step adds one more residual branch to the same stream. This measures how its scale moves with the
-step, inside the trained ``ttt_steps`` and past it (docs/training.md, "Head-to-head with speculators'
+step, inside the trained ``ttt_steps`` and past it (docs/draft-quality.md, "Head-to-head with speculators'
 trainer"): teacher-forced steps (``ttt_forward``) over the held-out samples, no gradients.
 """
 

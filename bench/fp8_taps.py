@@ -8,7 +8,7 @@ the other way round. The values are rounded to bf16 after dequantizing (3 mantis
 float32 scale need up to 24): a relative change of at most 2^-9, against e4m3's 2^-4.
 
     python -m bench.fp8_taps FEATURES --layers aux --out FEATURES_AUX8
-    eagle3 train --features FEATURES_AUX8 ...  # then export, eval as docs/training.md's FP8 pair
+    eagle3 train --features FEATURES_AUX8 ...  # then export, eval as docs/draft-quality.md's FP8 pair
 
 Prints JSON: samples written, tokens, the layers quantized, the mean relative change of those layers.
 """

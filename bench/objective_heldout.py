@@ -1,4 +1,5 @@
-"""A trained run's held-out figures per objective comparison (docs/training.md, "The objective"). Prints JSON.
+"""A trained run's held-out figures per objective comparison (docs/draft-quality.md, "The objective measured").
+Prints JSON.
 
     python -m bench.objective_heldout RUN [RUN ...] [--features FEATURES] [-k 3,4,5,7]
 

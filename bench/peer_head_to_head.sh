@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 32 item 1 at `make demo-full` scale, one command on a GPU host (docs/training.md, "Head-to-head with
+# Issue 32 item 1 at `make demo-full` scale, one command on a GPU host (docs/draft-quality.md, "Head-to-head with
 # speculators"): eagle3's draft and speculators' (its own Trainer, bench/peer_speculators.py) trained on the
 # same features, vocabulary, epochs, token budget, lr and seed, both measured in real vLLM on MT-Bench's
 # first turns and the held-out split at k = 3, 5, 7; then the table (bench/peer_table.py).
@@ -30,7 +30,7 @@ EVAL=(--model "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["
       --engine vllm -k 3,5,7 --prompt-set mt-bench --prompt-set heldout --prepared "$PREPARED" --features "$FEATURES"
       --heldout-fraction 0.05 --n-prompts 60 --max-new-tokens 64 --dtype bfloat16 --kv-cache-gib 0 --json)
 # eagle3 again with the three Eagle-3.1 norms (speculators' defaults), the run's config otherwise, offline on
-# the same features (docs/training.md: at 2 epochs on demo_small they kept the chain alive past the trained
+# the same features (docs/draft-quality.md: at 2 epochs on demo_small they kept the chain alive past the trained
 # depth and cost a point at positions 2-3)
 "$PY" -m eagle3 train --config "$RUN/run/config.json" --set prepared= --set features_cache= --set features="$FEATURES" \
     --set norm_before_fc=true --set norm_before_residual=true --set norm_output=true --set progress=false \

@@ -24,7 +24,7 @@ script
 3. prints JSON: train wall time, peak RSS of this process, steps, the last logged metrics, and the
    checkpoint directory (speculators' ``save_pretrained`` of the last epoch, the form vLLM loads).
 
-Knobs taken from the run's config.json (docs/training.md, "Head-to-head with speculators", lists each and
+Knobs taken from the run's config.json (docs/draft-quality.md, "Head-to-head with speculators", lists each and
 where speculators has no equivalent): epochs, lr, seed, ttt_steps, step_decay, warmup_steps, weight_decay,
 max_batch_tokens (speculators' ``--total-seq-len``: its packed micro-batch, padded to that length).
 ``--recipe speculators`` keeps speculators' own draft defaults (norm_before_residual, norm_before_fc,

@@ -1,4 +1,4 @@
-"""The head-to-head table of docs/training.md from the runs' files: τ in vLLM per prompt set and k, train time,
+"""The head-to-head table of docs/draft-quality.md from the runs' files: τ in vLLM per prompt set and k, train time,
 peak memory, for eagle3 and the peer trainer (bench/peer_speculators.py). Prints Markdown, then JSON.
 
     python -m bench.peer_table --eval eagle3=EVAL.json --eval speculators=EVAL.json \

@@ -16,7 +16,7 @@ some letters) and distinct after normalisation (case, punctuation, whitespace) f
 ``exclude`` (e.g. every evaluation prompt).
 
 Steering (``openers``): unsteered, a small verifier writes long, formulaic turns ("Can..." and "I'm..."
-started 65 % of SmolLM2's, docs/training.md). Given opening words (e.g. the first word of every training
+started 65 % of SmolLM2's, docs/draft-quality.md). Given opening words (e.g. the first word of every training
 prompt of a dataset, so frequent openers come up often), each sequence starts with one drawn at random
 (seeded) and the verifier writes the rest: the prompts follow the dataset's mix of question types
 (trivia "Which...", chat "Do you...", code "can you write...") in the verifier's own words.

@@ -68,7 +68,7 @@ class TrainConfig:
     warmup_steps: int = 10
     weight_decay: float = 0.0
     # residual dropout on the draft layer's attention and MLP outputs while training (GPT-2's place); the
-    # held-out eval, speculation and the export never drop; 0 = off (docs/training.md, "Regularisers")
+    # held-out eval, speculation and the export never drop; 0 = off (docs/draft-quality.md, "Regularisers")
     dropout: float = 0.0
     grad_clip: float = 1.0
     heldout_fraction: float = 0.05
@@ -84,7 +84,7 @@ class TrainConfig:
     draft_rope: str = "verifier"
     # the "Eagle 3.1" norms (speculators' defaults; vLLM reads them from the export's config): an RMSNorm on the
     # concatenated taps before fc, the residual taken after hidden_norm, the post-norm hidden fed back between
-    # steps (keeps its scale from growing with depth: docs/training.md, "Head to head"). Off: EAGLE-3 as published
+    # steps (keeps its scale from growing with depth: docs/draft-quality.md, "Head-to-head"). Off: EAGLE-3 as published
     norm_before_fc: bool = False
     norm_before_residual: bool = False
     norm_output: bool = False
@@ -97,7 +97,7 @@ class TrainConfig:
     init_from: str = ""  # warm start: a run directory or its draft/ (weights only)
     init_lm_head_from_verifier: bool = True  # lm_head rows = the verifier's rows of the draft vocab
     # keep those rows (and the final norm, the verifier's too) fixed: the draft must then produce states the
-    # verifier's own head reads, EAGLE-1's choice; less to memorise on small data (docs/training.md)
+    # verifier's own head reads, EAGLE-1's choice; less to memorise on small data (docs/draft-quality.md)
     freeze_lm_head: bool = False
     progress: bool = True
     log_to: str = ""  # experiment trackers besides metrics.jsonl: "tensorboard", "wandb" or both (comma list)

@@ -13,7 +13,7 @@ nothing here loads the verifier in-process for distillation or features, so the 
 once); train; export (vLLM's flat EAGLE-3 format); eval: real speculative decoding with the
 verifier on the prompts of the held-out split (the training distribution, never trained on), printing
 τ and the speedup, and the offline τ that training computes on the same prompts' distilled answers
-(the online round walk replayed on their features: the two must agree, docs/training.md).
+(the online round walk replayed on their features: the two must agree, docs/draft-quality.md).
 
 Every step writes under ``--out``; a rerun redoes prepare/vocab (cheap) and resumes distillation,
 extraction and training. A SIGTERM during training (a job scheduler's) saves the checkpoint and ends
@@ -44,7 +44,7 @@ from eagle3.train import train_from_servers
 
 N_STEPS = 8
 EXIT_STOPPED = 128 + signal.SIGTERM  # the status a shell gives a process ended by SIGTERM
-# Training settings measured on this project's 2-core CPU machine (docs/training.md, "measured acceptance").
+# Training settings measured on this project's 2-core CPU machine (docs/draft-quality.md, "Measured acceptance").
 # fp32: the distilled replies are the verifier's fp32 greedy output, as eval's verifier computes it; bf16
 # decoding on a CPU without bf16 matmul units is several times slower than fp32 (extraction then runs the
 # fp32 contract, one call per sequence on CPU).
@@ -57,7 +57,7 @@ SELF_INSTRUCT_MAX_TOKENS = 24  # a self-instruct user turn: chatterbot's are ~8 
 # Dense TTT attention: the same math as blockwise (equal within 1e-5, tests/unit/test_ttt_attention.py) and
 # faster at 512-token micro-batches, whose [heads, 512, 512] scores are small (docs/training.md, "Speed on
 # this CPU"). Training is fp32 unless --bf16 (autocast, 1.2x faster on a CPU with native bf16; make demo-full
-# sets it: at 18 epochs bf16 and fp32 drafts scored alike, docs/training.md; kept fp32 where the CPU emulates
+# sets it: at 18 epochs bf16 and fp32 drafts scored alike, docs/draft-quality.md; kept fp32 where the CPU emulates
 # bf16, 30-50x slower: cpu_bf16 below).
 DEMO_HELDOUT_FRACTION = 0.05  # the trainer's hash split, which eval's prompts come from
 DEMO_TRAIN: dict[str, object] = {
@@ -128,7 +128,7 @@ def add_demo_command(sub: Any) -> None:
         metavar="N",
         help="also N user prompts written by the verifier after general instruction openers (Write, Explain, "
         "Compare, ...: eagle3 self-instruct --openers task) and its greedy replies: broader than the dataset's "
-        "(docs/training.md, 'Broader prompts'; default 0)",
+        "(docs/draft-quality.md, 'Broader prompts'; default 0)",
     )
     p.add_argument(
         "--reply-tokens",

@@ -3,7 +3,7 @@
 the suite's other worker), printed per cell and as the matrix (issue 32: the field's benchmark beside the
 demo's own split). The matrix's cells are the per-cell runs' figures, every output equals the verifier's
 greedy output, and the demo's status says so. ``--reply-tokens`` caps every distilled reply (the longer-replies
-lever of docs/training.md; here shorter, which also keeps the test quick), and ``--eval-new-tokens`` the
+lever of docs/draft-quality.md; here shorter, which also keeps the test quick), and ``--eval-new-tokens`` the
 tokens each eval prompt generates."""
 
 from __future__ import annotations
