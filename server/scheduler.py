@@ -8,9 +8,11 @@
   (start-time fair queuing, server/fair_clock.py): the tenant with the least clock goes next. A unit is
   charged, when picked, its reserved tokens, and after its pass what it cost (server/pass_cost.py): an
   extraction its share of a model of the pass (a fixed time plus a time per token), a generate slice the
-  backend time it took, both at the rate of full extraction passes. A tenant whose every request has a
-  full output buffer (below) counts as idle: a reader that stops for a while comes back at the floor,
-  not with the passes it missed as credit to take all of them back at once.
+  backend time it took, both at the rate of full extraction passes. A pass is filled by tokens; a tenant
+  reached only because the one ahead of it did not fit (backfill) adds extraction samples, which ride the
+  pass's forward pass, never a unit of another kind, which is a backend call of its own. A tenant whose
+  every request has a full output buffer (below) counts as idle: a reader that stops for a while comes
+  back at the floor, not with the passes it missed as credit to take all of them back at once.
 * Each request has a bounded output buffer (``max_buffered_tokens`` of running, finished and not yet
   streamed states; ``request_buffer_tokens`` sizes it: two forward passes' worth, so a lone request
   fills pass k+1 while pass k is being encoded and sent, capped in bytes, never below one full pass);
@@ -309,6 +311,13 @@ class Scheduler:
             req = heads[tenant]
             unit = req.pending[0]
             if batch and n_tokens + unit.n_tokens > self.max_batch_tokens:
+                skipped.add(tenant)
+                continue
+            if skipped and not unit.sets_rate:
+                # Backfill (a tenant ahead of one whose unit did not fit) rides the extraction already in the
+                # pass, at a few us per token. A unit of another kind (a generate slice) is a backend call of its
+                # own, worth hundreds of tokens of its reservation: backfilled, its tenant took a slot in every
+                # pass however far its clock ran ahead (0.42 of the backend time beside a bulk tenant's 0.29).
                 skipped.add(tenant)
                 continue
             req.pending.popleft()

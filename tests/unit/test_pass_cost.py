@@ -47,6 +47,8 @@ def test_a_noisy_model_falls_back_to_tokens(small_s: float) -> None:
 
 def test_generate_time_is_charged_at_the_full_passes_rate() -> None:
     cost = PassCost(MAX)
-    assert cost.token_equivalents(0.5, 12) == 12.0  # no rate yet
+    assert cost.token_equivalents(0.5, 12) == 12.0  # no extraction seen yet
+    cost.observe(16, seconds(16))  # a small pass: its extractions were charged their tokens
+    assert cost.token_equivalents(seconds(16), 12) == pytest.approx(16)  # time on that scale, not 12
     cost.observe(MAX, seconds(MAX))
     assert cost.token_equivalents(seconds(MAX), 12) == pytest.approx(MAX)
