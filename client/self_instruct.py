@@ -237,6 +237,7 @@ def write_prompt_dir(
     id_ok: Callable[[str], bool] = lambda _: True,
     id_prefix: str = "si",
     markers: UserTurnMarkers | None = None,
+    source: str = "self-instruct",
 ) -> Path:
     """A prepared directory of ``texts`` with one placeholder supervised token (the template's user-turn end,
     ``UserTurnMarkers.end_id``) each, so
@@ -250,8 +251,8 @@ def write_prompt_dir(
             prompt = render_prompt(tokenizer, text)
             yield PreparedSample(f"{id_prefix}-{number:05d}", [*prompt, end_id], [0] * len(prompt) + [1], source=text)
 
-    stats = {"source": "self-instruct", **diversity_stats(texts, tokenizer)}
-    write_prepared(out_dir, samples(), dataclasses.replace(meta, inputs=["self-instruct"]), stats)
+    stats = {"source": source, **diversity_stats(texts, tokenizer)}
+    write_prepared(out_dir, samples(), dataclasses.replace(meta, inputs=[source]), stats)
     return Path(out_dir)
 
 

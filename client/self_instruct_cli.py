@@ -1,5 +1,5 @@
-"""``eagle3 self-instruct PREPARED --server URL --out DIR``: arguments and runner (the logic is
-``client/self_instruct.py``)."""
+"""``eagle3 self-instruct PREPARED --server URL --out DIR`` and ``eagle3 reading-prompts DISTILLED --out DIR``:
+arguments and runners (the logic is ``client/self_instruct.py`` and ``client/reading_prompts.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle3.client.reading_prompts import ReadingConfig, passages, reading_prompts
 from eagle3.client.sdk import API_KEY_ENV, SERVER_URL_ENV, ExtractionClient
 from eagle3.client.self_instruct import (
     DATASET_OPENERS,
@@ -19,6 +20,8 @@ from eagle3.client.self_instruct import (
     SelfInstructConfig,
     load_openers,
     self_instruct,
+    trains_as,
+    write_prompt_dir,
 )
 from eagle3.core.cli_args import fraction_below_one, positive_float, positive_int, probability_mass
 
@@ -133,3 +136,65 @@ def run_self_instruct(args: argparse.Namespace) -> int:
         f"next: eagle3 distill {args.out} --server {args.server} --out <dir>\n"
     )
     return 0 if result.texts else 1
+
+
+def add_reading_prompts_command(sub: Any) -> None:
+    p = sub.add_parser(
+        "reading-prompts",
+        help="prompts that hand the verifier a passage (its own earlier replies) to summarise, rewrite... "
+        "(for eagle3 distill)",
+        description="Pair an instruction (summarise, list the points, rewrite, title, explain, continue) with a "
+        "passage cut from a training-split reply of DISTILLED, and write the prompts as a prepared directory "
+        "for `eagle3 distill`: data in which the verifier's reply reuses the words of its prompt, which "
+        "self-instruct's short prompts never give. No server: distill is the one verifier call. Held-out "
+        "replies lend no passage, and ids the trainer's held-out hash would take are skipped.",
+    )
+    p.add_argument(
+        "prepared",
+        type=Path,
+        metavar="DISTILLED",
+        help="a distilled dataset (eagle3 distill output): its training-split replies are the passages",
+    )
+    p.add_argument("--out", required=True, type=Path, help="prepared directory of the prompts (replaced)")
+    p.add_argument("--prompts", type=positive_int, default=1000, metavar="N", help="prompts to keep (default 1000)")
+    p.add_argument("--min-passage-tokens", type=positive_int, default=40, help="shortest passage, tokens (default 40)")
+    p.add_argument(
+        "--max-passage-tokens",
+        type=positive_int,
+        default=160,
+        help="longest passage, tokens: a longer reply is cut at its last sentence end within it (default 160)",
+    )
+    p.add_argument("--id-prefix", type=id_prefix, default="rd", help="sample ids <prefix>-00000... (default rd)")
+    p.add_argument(
+        "--heldout-fraction",
+        type=fraction_below_one,
+        default=0.05,
+        help="the trainer's heldout_fraction (default 0.05): passages come from its train split",
+    )
+    p.add_argument("--seed", type=int, default=0, help="which passage gets which instruction (default 0)")
+    p.set_defaults(func=run_reading_prompts)
+
+
+def run_reading_prompts(args: argparse.Namespace) -> int:
+    from eagle3.client.chat_turns import user_turn_markers
+    from eagle3.client.distill import ID_SUFFIX
+    from eagle3.client.prepare import load_tokenizer
+    from eagle3.core.protocol.prepared import read_meta
+
+    try:
+        config = ReadingConfig(args.prompts, args.min_passage_tokens, args.max_passage_tokens, args.seed)
+    except ValueError as e:
+        sys.stderr.write(f"eagle3 reading-prompts: error: {e}\n")
+        return 2
+    meta = read_meta(args.prepared)
+    tokenizer = load_tokenizer(Path(meta.model_dir))
+    markers = user_turn_markers(tokenizer, meta.model)
+    texts = reading_prompts(passages(tokenizer, args.prepared, args.heldout_fraction, config), config)
+    id_ok = trains_as(ID_SUFFIX, args.heldout_fraction)
+    write_prompt_dir(
+        texts, args.out, tokenizer, meta, id_ok=id_ok, id_prefix=args.id_prefix, markers=markers, source="reading"
+    )
+    sys.stdout.write(
+        f"{len(texts)} reading prompts -> {args.out}\nnext: eagle3 distill {args.out} --server <url> --out <dir>\n"
+    )
+    return 0 if texts else 1

@@ -22,7 +22,7 @@ from eagle3 import __version__
 from eagle3.client.cli import add_prepare_command
 from eagle3.client.distill_cli import add_distill_command
 from eagle3.client.extract_cli import add_extract_command
-from eagle3.client.self_instruct_cli import add_self_instruct_command
+from eagle3.client.self_instruct_cli import add_reading_prompts_command, add_self_instruct_command
 from eagle3.core.cli_args import MissingModelError
 from eagle3.core.errors import Eagle3Error
 from eagle3.core.progress import quiet_foreign_bars
@@ -102,6 +102,7 @@ def build_parser() -> ArgumentParser:
     add_vocab_command(sub)
     add_distill_command(sub)
     add_self_instruct_command(sub)
+    add_reading_prompts_command(sub)
     add_extract_command(sub)
     add_trainer_commands(sub, make_source=server_source, vllm_engine_settings=vllm_eval_engine_args)
     add_demo_command(sub)
