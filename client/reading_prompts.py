@@ -99,9 +99,10 @@ def passages(tokenizer: Any, prepared_dir: str | Path, heldout_fraction: float, 
         reply = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
         text = str(tokenizer.decode(reply, skip_special_tokens=True))
         passage = cut_passage(text, tokenizer, config.min_passage_tokens, config.max_passage_tokens)
-        if passage is not None and normalize(passage) not in seen:
-            seen.add(normalize(passage))
-            out.append(passage)
+        if passage is None or normalize(passage) in seen:
+            continue
+        seen.add(normalize(passage))
+        out.append(passage)
     return out
 
 

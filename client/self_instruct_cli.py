@@ -72,12 +72,7 @@ def add_self_instruct_command(sub: Any) -> None:
         default="si",
         help="sample ids <prefix>-00000...: another prefix for a second set of prompts for the same data (default si)",
     )
-    p.add_argument(
-        "--heldout-fraction",
-        type=fraction_below_one,
-        default=0.05,
-        help="the trainer's heldout_fraction (default 0.05): openers come from its train split",
-    )
+    add_heldout_fraction(p, "openers")
     p.add_argument("--max-tokens", type=positive_int, default=24, help="longest kept turn, tokens (default 24)")
     p.add_argument(
         "--prompts-per-request",
@@ -89,6 +84,16 @@ def add_self_instruct_command(sub: Any) -> None:
     p.add_argument("--top-p", type=probability_mass, default=0.95, help="nucleus sampling mass (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="base seed: the same seed, server and data repeat (default 0)")
     p.set_defaults(func=run_self_instruct)
+
+
+def add_heldout_fraction(p: Any, what: str) -> None:
+    """``--heldout-fraction``: the trainer's, so ``what`` is taken from its train split only."""
+    p.add_argument(
+        "--heldout-fraction",
+        type=fraction_below_one,
+        default=0.05,
+        help=f"the trainer's heldout_fraction (default 0.05): {what} come from its train split",
+    )
 
 
 def id_prefix(text: str) -> str:
@@ -165,12 +170,7 @@ def add_reading_prompts_command(sub: Any) -> None:
         help="longest passage, tokens: a longer reply is cut at its last sentence end within it (default 160)",
     )
     p.add_argument("--id-prefix", type=id_prefix, default="rd", help="sample ids <prefix>-00000... (default rd)")
-    p.add_argument(
-        "--heldout-fraction",
-        type=fraction_below_one,
-        default=0.05,
-        help="the trainer's heldout_fraction (default 0.05): passages come from its train split",
-    )
+    add_heldout_fraction(p, "passages")
     p.add_argument("--seed", type=int, default=0, help="which passage gets which instruction (default 0)")
     p.set_defaults(func=run_reading_prompts)
 
@@ -189,7 +189,15 @@ def run_reading_prompts(args: argparse.Namespace) -> int:
     meta = read_meta(args.prepared)
     tokenizer = load_tokenizer(Path(meta.model_dir))
     markers = user_turn_markers(tokenizer, meta.model)
-    texts = reading_prompts(passages(tokenizer, args.prepared, args.heldout_fraction, config), config)
+    found = passages(tokenizer, args.prepared, args.heldout_fraction, config)
+    if not found:  # e.g. a self-instruct prompt directory (one placeholder token supervised): nothing to read
+        sys.stderr.write(
+            f"eagle3 reading-prompts: error: {args.prepared}: no training-split reply of at least "
+            f"{config.min_passage_tokens} tokens ending at a sentence end; pass a distilled dataset "
+            "(eagle3 distill output) or lower --min-passage-tokens\n"
+        )
+        return 2
+    texts = reading_prompts(found, config)
     id_ok = trains_as(ID_SUFFIX, args.heldout_fraction)
     write_prompt_dir(
         texts, args.out, tokenizer, meta, id_ok=id_ok, id_prefix=args.id_prefix, markers=markers, source="reading"

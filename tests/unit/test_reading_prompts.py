@@ -128,5 +128,9 @@ def test_the_command_writes_prompts_that_distill_answers_and_that_train(
         assert sample.input_ids == [*render_prompt(smollm2_tokenizer, sample.source), end_id]
         assert sample.loss_mask == [0] * (len(sample.input_ids) - 1) + [1]
     assert json.loads((out / "stats.json").read_text())["source"] == "reading"
+    # the prompts themselves are no distilled dataset (one placeholder token supervised): refused, named
+    assert main(["reading-prompts", str(out), "--out", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "eagle3 distill output" in err and not (tmp_path / "again").exists()
     assert main([*args, "--min-passage-tokens", "50", "--max-passage-tokens", "10"]) == 2  # refused, named
     assert "min_passage_tokens <= max_passage_tokens" in capsys.readouterr().err
