@@ -20,8 +20,8 @@ from fastapi import Request
 from eagle3.server.deps import unavailable
 from eagle3.server.errors import ApiError
 from eagle3.server.request_limits import ClientGoneError, read_body
+from eagle3.server.request_state import AdmissionError
 from eagle3.server.runtime import Runtime
-from eagle3.server.scheduler import AdmissionError
 
 P = TypeVar("P")  # the parsed body
 W = TypeVar("W")  # the checked work

@@ -30,8 +30,8 @@ from eagle3.server.admission import admit
 from eagle3.server.backends.base import Generation
 from eagle3.server.errors import ApiError
 from eagle3.server.generation import GenerateUnit, GenerateWork, check_generate, parse_generate
-from eagle3.server.scheduler import Request as SchedulerRequest
-from eagle3.server.scheduler import Result
+from eagle3.server.request_state import Request as SchedulerRequest
+from eagle3.server.request_state import Result
 
 if TYPE_CHECKING:
     from eagle3.server.runtime import Runtime

@@ -51,7 +51,8 @@ from eagle3.server.load_checks import check_tokenizer, load_chat_tokenizer, retr
 from eagle3.server.load_history import expected_load_s, load_key, record_load_s
 from eagle3.server.metrics import Metrics
 from eagle3.server.request_limits import TenantConnections
-from eagle3.server.scheduler import GENERATE_SLICE_TOKENS, Scheduler, request_buffer_tokens
+from eagle3.server.request_state import GENERATE_SLICE_TOKENS, request_buffer_tokens
+from eagle3.server.scheduler import Scheduler
 from eagle3.server.stream import EncodeOptions, ExtractStream, stream_header
 from eagle3.server.units import Sample
 from eagle3.server.warmup import warm_up

@@ -47,34 +47,12 @@ from eagle3.server.feature_cache import FeatureCache
 from eagle3.server.lanes import BULK, lane_of, lane_requests
 from eagle3.server.metrics import Metrics
 from eagle3.server.pass_cost import PassCost
-from eagle3.server.request_state import (
-    GENERATE_SLICE_TOKENS,
-    AdmissionError,
-    ExtractFn,
-    FunctionEngine,
-    GenerateFn,
-    Request,
-    Result,
-    request_buffer_tokens,
-)
+from eagle3.server.request_state import AdmissionError, ExtractFn, FunctionEngine, GenerateFn, Request, Result
 from eagle3.server.run_group import run_cached
-from eagle3.server.units import Engine, Outcome, Sample, Unit, sample_error
+from eagle3.server.units import Engine, Outcome, Unit
 
 logger = logging.getLogger(__name__)
 MAX_LANE_STREAK = 4  # lane passes in a row while bulk work waits; then an ordinary pass
-__all__ = [
-    "GENERATE_SLICE_TOKENS",
-    "AdmissionError",
-    "ExtractFn",
-    "FunctionEngine",
-    "GenerateFn",
-    "Request",
-    "Result",
-    "Sample",
-    "Scheduler",
-    "request_buffer_tokens",
-    "sample_error",
-]
 
 
 class Scheduler:

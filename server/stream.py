@@ -40,7 +40,8 @@ from eagle3.core.protocol.wire import AbortMeta, DataMeta, EndMeta, ErrorInfo, S
 from eagle3.server.backends import BackendInfo
 from eagle3.server.metrics import Metrics
 from eagle3.server.request_log import log_finished_request
-from eagle3.server.scheduler import Request, Result, Scheduler
+from eagle3.server.request_state import Request, Result
+from eagle3.server.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 SAFETENSORS_HEADER_BYTES = 512  # generous bound on the JSON header of one blob

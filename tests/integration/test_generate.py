@@ -189,7 +189,7 @@ def test_a_generate_runs_in_slices_that_other_work_and_a_leaving_client_interrup
 
     from eagle3.core.protocol.generate import Sampling
     from eagle3.server.generation import GenerateUnit, GenerateWork
-    from eagle3.server.scheduler import GENERATE_SLICE_TOKENS
+    from eagle3.server.request_state import GENERATE_SLICE_TOKENS
     from eagle3.server.units import Sample
 
     rt = server.app.state.runtime  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ import torch
 
 from eagle3.server.cache_disk import SUFFIX, DiskTier
 from eagle3.server.feature_cache import ENTRY_OVERHEAD_BYTES, FeatureCache, compute_with_cache
-from eagle3.server.scheduler import Sample
+from eagle3.server.units import Sample
 
 LAYERS, HIDDEN = 4, 16
 NAMESPACE = b"n" * 16

@@ -20,7 +20,8 @@ from eagle3.core.protocol.generate import GeneratedReply, GenerateRequest, Gener
 from eagle3.core.protocol.prepared import PreparedFormatError, PreparedSample
 from eagle3.server.backends.base import Generation, cut_at_stop
 from eagle3.server.generation import GenerateUnit, GenerateWork
-from eagle3.server.scheduler import Sample, Scheduler
+from eagle3.server.scheduler import Scheduler
+from eagle3.server.units import Sample
 
 
 def test_request_parse_checks_every_field() -> None:

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from eagle3.server.scheduler import AdmissionError, Request, Sample, Scheduler
+from eagle3.server.request_state import AdmissionError, Request
+from eagle3.server.scheduler import Scheduler
+from eagle3.server.units import Sample
 
 
 class FakeBackend:

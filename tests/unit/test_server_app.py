@@ -17,7 +17,7 @@ from eagle3.core.protocol.frames import FrameDecoder, FrameType
 from eagle3.server.app import create_app
 from eagle3.server.backends import BackendInfo
 from eagle3.server.config import ServerSettings
-from eagle3.server.scheduler import request_buffer_tokens
+from eagle3.server.request_state import request_buffer_tokens
 
 HIDDEN, N_LAYERS, AUX = 8, 6, (2, 3, 3)
 
