@@ -187,7 +187,7 @@ def vllm_offline_child(
     import vllm
     from transformers import AutoConfig
 
-    from eagle3.server.backends.vllm import engine_kwargs, export_package_root
+    from eagle3.server.backends.vllm_settings import engine_kwargs, export_package_root
 
     n_layers = int(AutoConfig.from_pretrained(model_dir).num_hidden_layers)
     config = BackendConfig(model=model_dir, max_batch_tokens=max_batch_tokens)

@@ -19,7 +19,8 @@ states), eager mode unless ``compile``, the tokenizer skipped (requests are toke
 * ``hidden_states_dir``: where the handover directory is created (default ``/dev/shm``).
 * ``engine_args``: any other ``EngineArgs`` field (expert parallel, quantization, ...), checked
   against this vLLM's ``EngineArgs`` before the engine starts; the fields above that this backend
-  owns (``OWNED_ENGINE_ARGS``) are refused.
+  owns (``OWNED_ENGINE_ARGS``) are refused. The keyword arguments are built in
+  ``eagle3.server.backends.vllm_settings`` (pure: no engine).
 
 While ``vllm.LLM(...)`` starts the engine (tens of minutes for a large verifier), ``load`` reports the
 engine's own steps (weights, memory profiling, KV cache, CUDA graphs, ready) as ``/readyz`` phases,
@@ -43,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import importlib.util
 import logging
 import os
 import shutil
@@ -56,7 +56,6 @@ from typing import Any
 
 import torch
 
-from eagle3.core.engine_args import EngineArgsError, check_engine_args
 from eagle3.core.json_log import restyle_as_json, root_logs_json
 from eagle3.core.protocol.generate import Sampling
 from eagle3.server.backends.base import (
@@ -72,7 +71,6 @@ from eagle3.server.backends.base import (
 from eagle3.server.backends.dtypes import DTYPES
 from eagle3.server.backends.engine_guard import DIR_PREFIX, mark_server, owner_tag, remove_stale_dirs
 from eagle3.server.backends.identity import backend_info, open_checkpoint
-from eagle3.server.backends.vllm_connector import CONNECTOR_MODULE, CONNECTOR_NAME
 from eagle3.server.backends.vllm_family import (
     check_engine_fit,
     check_vllm_target,
@@ -80,84 +78,17 @@ from eagle3.server.backends.vllm_family import (
     kv_hint,
 )
 from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
-
-logger = logging.getLogger(__name__)
-CPU_KV_CACHE_GIB = 2.0
-MAX_NUM_SEQS = 256
-# the directory holding the ``eagle3`` package (site-packages, or the checkout)
-PACKAGE_ROOT = Path(importlib.util.find_spec("eagle3").origin or ".").parent.parent  # type: ignore[union-attr]
-HANDOVER_READERS = 8  # threads reading a batch's handover files (at most the allowed cores)
-SHM_DIR = "/dev/shm"  # noqa: S108 (only a parent: the handover dir is a private mkdtemp, mode 0700)
-
-
-# EngineArgs this backend sets itself: overriding them would break extraction (or its handover)
-OWNED_ENGINE_ARGS = (
-    "model",
-    "skip_tokenizer_init",
-    "speculative_config",
-    "kv_transfer_config",
-    "enable_prefix_caching",
-    "max_num_batched_tokens",
+from eagle3.server.backends.vllm_settings import (
+    CPU_KV_CACHE_GIB,
+    bind_cpu_workers,
+    engine_arg_fields,
+    engine_kwargs,
+    export_package_root,
+    handover_root,
 )
 
-
-def engine_kwargs(
-    config: BackendConfig,
-    model_dir: Path,
-    layer_ids: list[int],
-    max_model_len: int,
-    device: str,
-    store_dir: str,
-    known_fields: set[str] | None = None,
-    server: str = "",
-) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments for this config (pure: no engine is started). ``known_fields``:
-    the names vLLM's ``EngineArgs`` accepts (pass-through arguments are checked against them); ``server``
-    is the ``engine_guard.ServerIdentity`` that arms the orphan watchdog in the engine's spawned processes."""
-    opts = config.vllm
-    kwargs: dict[str, Any] = {
-        "model": str(model_dir),
-        "skip_tokenizer_init": True,
-        "dtype": config.dtype,
-        "max_model_len": max_model_len,
-        "tensor_parallel_size": config.tensor_parallel_size,
-        "trust_remote_code": config.trust_remote_code,
-        "enforce_eager": not opts.compile,
-        "enable_prefix_caching": False,
-        "enable_chunked_prefill": True,
-        # vLLM's own engine series (vllm:kv_cache_usage_perc, vllm:num_requests_running/waiting, prompt
-        # tokens, ...) in this process's default prometheus registry, which /metrics exposes (server/metrics.py)
-        "disable_log_stats": False,
-        "max_num_batched_tokens": config.max_batch_tokens,
-        "max_num_seqs": min(MAX_NUM_SEQS, config.max_batch_tokens),
-        "seed": 0,
-        "speculative_config": {
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}},
-        },
-        "kv_transfer_config": {
-            "kv_connector": CONNECTOR_NAME,
-            "kv_connector_module_path": CONNECTOR_MODULE,
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": store_dir, "eagle3_server": server},
-        },
-    }
-    kv_cache_gib = opts.kv_cache_gib
-    if device == "cpu" and kv_cache_gib is None:
-        kv_cache_gib = CPU_KV_CACHE_GIB
-    if kv_cache_gib is not None:
-        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-    if opts.gpu_memory_utilization is not None:
-        kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
-    try:
-        check_engine_args(
-            opts.engine_args, opts.engine_args if known_fields is None else known_fields, OWNED_ENGINE_ARGS
-        )
-    except EngineArgsError as exc:
-        raise BackendConfigError(str(exc)) from None
-    kwargs.update(opts.engine_args)
-    return kwargs
+logger = logging.getLogger(__name__)
+HANDOVER_READERS = 8  # threads reading a batch's handover files (at most the allowed cores)
 
 
 def all_finite(states: torch.Tensor) -> bool:
@@ -166,53 +97,10 @@ def all_finite(states: torch.Tensor) -> bool:
     return states.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(states))).all())
 
 
-def engine_arg_fields() -> set[str]:
-    """The field names of this vLLM's ``EngineArgs`` (imports vllm)."""
-    import dataclasses
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    return {f.name for f in dataclasses.fields(EngineArgs)}
-
-
-def handover_root(config: BackendConfig) -> str:
-    """tmpfs when there is one (the handover never touches a disk), else the temp dir."""
-    wanted = config.vllm.hidden_states_dir
-    if wanted:
-        return wanted
-    return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
-
-
-def export_package_root() -> None:
-    """vLLM's spawned engine and worker processes import the connector by module path: make sure
-    they find this checkout's ``eagle3`` package (a no-op for an installed package)."""
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(PACKAGE_ROOT) not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *parts])
-
-
 def _drop_chat_warmup_warning(record: logging.LogRecord) -> bool:
     """vLLM warns with a traceback that it cannot warm up a chat template without a tokenizer; this
     backend never asks vLLM to render chats (requests are token ids), so the warning is noise."""
     return "Chat template warmup failed" not in record.getMessage()
-
-
-def bind_cpu_workers(tensor_parallel_size: int) -> None:
-    """vLLM binds each CPU worker to its own NUMA node and refuses TP > the number of nodes; on a
-    one-node box split the allowed cores into ``tensor_parallel_size`` contiguous groups instead
-    (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``). A value the operator set is kept."""
-    if tensor_parallel_size <= 1 or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
-        return
-    if len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) >= tensor_parallel_size:
-        return  # vLLM's own NUMA binding applies
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < tensor_parallel_size:
-        raise BackendConfigError(
-            f"tensor parallel {tensor_parallel_size} on CPU needs as many cores; {len(cores)} allowed"
-        )
-    per_rank = len(cores) // tensor_parallel_size
-    groups = [cores[r * per_rank : (r + 1) * per_rank] for r in range(tensor_parallel_size)]
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
 
 
 class VllmBackend:

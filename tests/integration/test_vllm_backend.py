@@ -232,7 +232,8 @@ def test_every_sample_is_validated(backend: Any) -> None:
 
 def test_engine_settings_and_bad_options(smollm2_dir: Path) -> None:
     require_vllm()
-    from eagle3.server.backends.vllm import VllmBackend, engine_arg_fields, engine_kwargs
+    from eagle3.server.backends.vllm import VllmBackend
+    from eagle3.server.backends.vllm_settings import engine_arg_fields, engine_kwargs
 
     config = BackendConfig(model=str(smollm2_dir), max_batch_tokens=4096, tensor_parallel_size=2)
     kwargs = engine_kwargs(config, smollm2_dir, [2, 15, 27, 30], 8192, "cpu", "/tmp/x")
