@@ -28,7 +28,7 @@ read from the log records of vLLM's processes (``eagle3.server.backends.vllm_pha
 
 Every returned sample is checked before it leaves: its token ids equal the request's, the shape is
 ``[n_tokens, len(aux) + 1, hidden]``, the dtype is ``info.dtype``, every value is finite; otherwise
-``extract`` raises ``BackendError``. This is the only module (with its connector) that imports vllm.
+``extract`` raises ``BackendError``. Only the ``vllm*`` backend modules import vllm (tests/unit/test_architecture.py).
 
 Generation (``generate``) is vLLM's own ``LLM.generate`` on the same engine, one call per request (vLLM
 batches its prompts continuously): ``temperature=0`` for greedy, else ``temperature``/``top_p`` with
