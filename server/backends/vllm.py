@@ -79,12 +79,12 @@ from eagle3.server.backends.vllm_family import (
 )
 from eagle3.server.backends.vllm_phases import PhaseTracker, PhaseWatcher, engine_phase_log
 from eagle3.server.backends.vllm_settings import (
-    CPU_KV_CACHE_GIB,
     bind_cpu_workers,
     engine_arg_fields,
     engine_kwargs,
     export_package_root,
     handover_root,
+    kv_cache_bytes,
 )
 
 logger = logging.getLogger(__name__)
@@ -150,9 +150,8 @@ class VllmBackend:
             )
         self._load_hidden_states, self._cleanup_hidden_states = stock.load_hidden_states, stock.cleanup_hidden_states
         self._sampling = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-        kv_cache_gib = self.config.vllm.kv_cache_gib or (CPU_KV_CACHE_GIB if device == "cpu" else None)
-        kv_cache_bytes = None if kv_cache_gib is None else int(kv_cache_gib * 2**30)
-        check_engine_fit(ckpt, self.config, device, engine_len, kv_cache_bytes)  # server/backends/vllm_family.py
+        # before the engine: one sequence of the context must fit this KV cache (server/backends/vllm_family.py)
+        check_engine_fit(ckpt, self.config, device, engine_len, kv_cache_bytes(self.config, device))
         server = mark_server()  # every engine process dies with this one (server/backends/engine_guard.py)
         root = handover_root(self.config)
         remove_stale_dirs(root)

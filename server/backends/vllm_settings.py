@@ -36,6 +36,15 @@ OWNED_ENGINE_ARGS = (
 )
 
 
+def kv_cache_bytes(config: BackendConfig, device: str) -> int | None:
+    """The KV cache size this backend gives vLLM: ``kv_cache_gib`` if set, else 2 GiB on CPU; None on CUDA
+    (sized by ``gpu_memory_utilization``). The fit check before the engine uses the same figure."""
+    gib = config.vllm.kv_cache_gib
+    if gib is None and device == "cpu":
+        gib = CPU_KV_CACHE_GIB
+    return None if gib is None else int(gib * 2**30)
+
+
 def engine_kwargs(
     config: BackendConfig,
     model_dir: Path,
@@ -78,11 +87,9 @@ def engine_kwargs(
             "kv_connector_extra_config": {"shared_storage_path": store_dir, "eagle3_server": server},
         },
     }
-    kv_cache_gib = opts.kv_cache_gib
-    if device == "cpu" and kv_cache_gib is None:
-        kv_cache_gib = CPU_KV_CACHE_GIB
-    if kv_cache_gib is not None:
-        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+    kv_bytes = kv_cache_bytes(config, device)
+    if kv_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_bytes
     if opts.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
     try:
